@@ -1,0 +1,38 @@
+"""andon: a supervisor for LLM agent loops in which stopping is a first-class operation.
+
+The top-level names are loaded lazily (PEP 562) so that importing a lower layer, for example in a
+worker process, does not drag in the supervisor.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it. Names of later layers are added as those layers land.
+_EXPORTS: dict[str, str] = {
+    "AbortController": "andon.base",
+    "AbortSignal": "andon.base",
+    "AndonError": "andon.base",
+    "GracePolicy": "andon.base",
+    "cancel": "andon.cancel",
+    "errors": "andon.errors",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'andon' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"andon.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

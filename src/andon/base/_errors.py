@@ -1,0 +1,231 @@
+"""The one exception tree of andon.
+
+Every error andon raises on purpose derives from :class:`AndonError`; leaves carry the ids a caller
+needs (``session``, ``seq``, ``call_id``, ``code`` ...) as attributes, not only inside the message::
+
+    AndonError
+    ├── ProtocolError                 a frame that cannot be trusted (carries .kind)
+    │   ├── MessageTooLarge           over the configured size limit
+    │   ├── MalformedFrame            not msgpack, wrong frame count, a field of the wrong type
+    │   ├── VersionMismatch           another protocol version
+    │   └── UnknownMessage            a message type this side does not know
+    ├── WorkerError                   a worker misbehaved (carries .worker)
+    │   └── WorkerLost                it died or stopped answering (carries .call_id)
+    ├── SessionError                  the session folder or its log (carries .session)
+    │   ├── LogCorrupted              a bad line followed by good ones (.line, .offset)
+    │   ├── LogFormatUnsupported      an unknown record type or format (.seq, .record_type)
+    │   ├── SessionLive               another live process holds the lock (.pid, .host)
+    │   └── LogWriteFailed            an append failed (ENOSPC, EIO ...) (.errno)
+    ├── ModelError                    the model API failed (carries .code, .status, .retry_after)
+    ├── ConfigError                   a user's configuration or input is wrong (CLI exit code 2)
+    │   └── ScriptInvalid             a scripted-model reply is malformed (.index, .field)
+    ├── AgentClosed                   a send after disposal began
+    └── Aborted                       work stopped because its signal aborted (carries .reason)
+
+Nothing here imports any other part of andon.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from andon.base._codes import ErrorCode
+
+if TYPE_CHECKING:
+    from andon.base._causes import Cause
+
+__all__ = [
+    "Aborted",
+    "AgentClosed",
+    "AndonError",
+    "ConfigError",
+    "LogCorrupted",
+    "LogFormatUnsupported",
+    "LogWriteFailed",
+    "MalformedFrame",
+    "MessageTooLarge",
+    "ModelError",
+    "ProtocolError",
+    "ScriptInvalid",
+    "SessionError",
+    "SessionLive",
+    "UnknownMessage",
+    "VersionMismatch",
+    "WorkerError",
+    "WorkerLost",
+]
+
+
+class AndonError(Exception):
+    """Root of every error andon raises on purpose."""
+
+
+# --- wire -------------------------------------------------------------------------------------
+
+ProtocolErrorKind = Literal["too-large", "malformed", "version", "unknown-type"]
+
+
+class ProtocolError(AndonError):
+    """A frame that cannot be trusted. ``kind`` says which rule it broke."""
+
+    kind: ProtocolErrorKind = "malformed"
+
+    def __init__(self, message: str, *, call_id: str | None = None) -> None:
+        super().__init__(message)
+        self.call_id = call_id
+
+
+class MessageTooLarge(ProtocolError):
+    kind: ProtocolErrorKind = "too-large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class MalformedFrame(ProtocolError):
+    kind: ProtocolErrorKind = "malformed"
+
+
+class VersionMismatch(ProtocolError):
+    kind: ProtocolErrorKind = "version"
+
+    def __init__(self, got: object, expected: int) -> None:
+        super().__init__(f"protocol version {got!r} is not supported (this side speaks {expected})")
+        self.got = got
+        self.expected = expected
+
+
+class UnknownMessage(ProtocolError):
+    kind: ProtocolErrorKind = "unknown-type"
+
+    def __init__(self, type_name: object) -> None:
+        super().__init__(f"unknown message type {type_name!r}")
+        self.type_name = type_name
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+
+class WorkerError(AndonError):
+    def __init__(self, message: str, *, worker: str | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
+
+
+class WorkerLost(WorkerError):
+    def __init__(
+        self, message: str, *, worker: str | None = None, call_id: str | None = None
+    ) -> None:
+        super().__init__(message, worker=worker)
+        self.call_id = call_id
+
+
+# --- session ----------------------------------------------------------------------------------
+
+
+class SessionError(AndonError):
+    def __init__(self, message: str, *, session: str | None = None) -> None:
+        super().__init__(message)
+        self.session = session
+
+
+class LogCorrupted(SessionError):
+    def __init__(self, message: str, *, session: str | None = None, line: int, offset: int) -> None:
+        super().__init__(message, session=session)
+        self.line = line
+        self.offset = offset
+
+
+class LogFormatUnsupported(SessionError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        session: str | None = None,
+        seq: int | None = None,
+        record_type: str | None = None,
+    ) -> None:
+        super().__init__(message, session=session)
+        self.seq = seq
+        self.record_type = record_type
+
+
+class SessionLive(SessionError):
+    def __init__(
+        self, message: str, *, session: str | None = None, pid: int | None, host: str | None
+    ) -> None:
+        super().__init__(message, session=session)
+        self.pid = pid
+        self.host = host
+
+
+class LogWriteFailed(SessionError):
+    code = ErrorCode.LOG_WRITE_FAILED
+
+    def __init__(
+        self, message: str, *, session: str | None = None, errno: int | None = None
+    ) -> None:
+        super().__init__(message, session=session)
+        self.errno = errno
+
+
+# --- model ------------------------------------------------------------------------------------
+
+
+class ModelError(AndonError):
+    """The model API failed. ``code`` is one of the model codes of records.md."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+
+    def __repr__(self) -> str:
+        return f"ModelError({self.code.value}, {self.message!r}, status={self.status!r})"
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+class ConfigError(AndonError):
+    """The user's configuration or input is wrong; the message says what and where."""
+
+
+class ScriptInvalid(ConfigError):
+    def __init__(self, message: str, *, index: int | None, field: str | None) -> None:
+        where = []
+        if index is not None:
+            where.append(f"reply {index}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = f"{', '.join(where)}: " if where else ""
+        super().__init__(f"invalid script: {prefix}{message}")
+        self.index = index
+        self.field = field
+
+
+# --- agent ------------------------------------------------------------------------------------
+
+
+class AgentClosed(AndonError):
+    def __init__(self, message: str = "the agent is closed; nothing was sent") -> None:
+        super().__init__(message)
+
+
+class Aborted(AndonError):
+    """Raised by ``signal.throw_if_aborted()``: the work's signal aborted with ``reason``."""
+
+    def __init__(self, reason: Cause) -> None:
+        super().__init__(f"aborted: {reason.describe()}")
+        self.reason = reason

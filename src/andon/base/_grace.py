@@ -1,0 +1,59 @@
+"""The grace policy value (workers.md, The grace policy).
+
+It lives in ``base`` because three layers share it: the wire (``run`` carries it), the worker
+(sweep bounds) and the supervisor's executor (which owns the timeline).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GracePolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class GracePolicy:
+    """How a started tool call is stopped.
+
+    At 0: cooperative (Python tools see their signal; shell tools get SIGINT on their group unless
+    ``interrupt`` is False). At ``term_after``: SIGTERM. At ``term_after + kill_after``: SIGKILL.
+    ``term_after=inf`` is purely cooperative; ``0, 0`` is an immediate SIGKILL.
+    """
+
+    interrupt: bool = True
+    term_after: float = 2.0
+    kill_after: float = 3.0
+
+    def __post_init__(self) -> None:
+        for name in ("term_after", "kill_after"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"GracePolicy.{name} must be a number of seconds")
+            if math.isnan(value) or value < 0:
+                raise ValueError(f"GracePolicy.{name} must be >= 0 seconds (got {value})")
+
+    @property
+    def kill_at(self) -> float:
+        """Seconds after the stop began at which SIGKILL is sent."""
+        return self.term_after + self.kill_after
+
+    @classmethod
+    def parse(cls, text: str) -> GracePolicy:
+        """Parse ``"TERM,KILL"`` as given to ``--grace`` (``inf`` allowed)."""
+        parts = text.split(",")
+        if len(parts) != 2:
+            raise ValueError(f"--grace takes TERM,KILL in seconds (got {text!r})")
+        try:
+            term, kill = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"--grace takes TERM,KILL in seconds (got {text!r})") from None
+        return cls(term_after=term, kill_after=kill)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "interrupt": self.interrupt,
+            "term_after": self.term_after,
+            "kill_after": self.kill_after,
+        }

@@ -1,0 +1,47 @@
+"""Identifiers of records.md: message ids, session ids and andon's own tool-call ids."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+__all__ = ["call_id", "is_call_id", "is_message_id", "message_id", "parse_call_id", "session_id"]
+
+_MESSAGE_ID = re.compile(r"m-[0-9a-f]{12}")
+_CALL_ID = re.compile(r"c([1-9][0-9]*)-([1-9][0-9]*)-([1-9][0-9]*)")
+
+
+def message_id() -> str:
+    """``"m-"`` + 12 hex digits."""
+    return "m-" + secrets.token_hex(6)
+
+
+def session_id() -> str:
+    """``"s-"`` + 12 hex digits."""
+    return "s-" + secrets.token_hex(6)
+
+
+def call_id(turn: int, step: int, n: int) -> str:
+    """andon's id of the n-th call (1-based, model order) of a step: ``"c<turn>-<step>-<n>"``.
+
+    Unique in a session and safe as a file name (it names the spill file).
+    """
+    if turn < 1 or step < 1 or n < 1:
+        raise ValueError(f"turn, step and n start at 1 (got {turn}, {step}, {n})")
+    return f"c{turn}-{step}-{n}"
+
+
+def parse_call_id(value: str) -> tuple[int, int, int]:
+    """The inverse of :func:`call_id`; ``ValueError`` for anything else."""
+    match = _CALL_ID.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not an andon call id (c<turn>-<step>-<n>)")
+    return int(match[1]), int(match[2]), int(match[3])
+
+
+def is_call_id(value: object) -> bool:
+    return isinstance(value, str) and _CALL_ID.fullmatch(value) is not None
+
+
+def is_message_id(value: object) -> bool:
+    return isinstance(value, str) and _MESSAGE_ID.fullmatch(value) is not None

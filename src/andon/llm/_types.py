@@ -1,0 +1,174 @@
+"""What a model adapter speaks: typed stream chunks, the request, the model's identity and the
+:class:`Model` protocol that every adapter (HTTP or scripted) implements.
+
+A stream is a sequence of chunks of one reply, in the order the model produced them::
+
+    ReasoningDelta* TextDelta* ToolCallDelta* Usage? Finish
+
+(a real provider may interleave the deltas; consumers must not rely on that order). A stream that
+ends without :class:`Finish` has been aborted or failed: it raises instead of ending quietly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
+
+from andon.base import AbortSignal, ModelError
+
+__all__ = [
+    "Chunk",
+    "Finish",
+    "FinishReason",
+    "Model",
+    "ModelInfo",
+    "ModelRequest",
+    "OnAttempt",
+    "ReasoningDelta",
+    "TextDelta",
+    "ToolCallDelta",
+    "Usage",
+]
+
+FinishReason: TypeAlias = Literal["stop", "tool_calls", "length"]
+"""Why a reply ended normally. Provider finishes that are failures (``content_filter`` ...) are
+raised as :class:`~andon.base.ModelError`, never delivered as a :class:`Finish`."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A fragment of the visible answer."""
+
+    text: str
+    type: ClassVar[Literal["text"]] = "text"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The delta as an ``assistant/chunk`` record carries it."""
+        return {"type": self.type, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """A fragment of the model's reasoning (DeepSeek ``reasoning_content``)."""
+
+    text: str
+    type: ClassVar[Literal["reasoning"]] = "reasoning"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The delta as an ``assistant/chunk`` record carries it."""
+        return {"type": self.type, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of tool call number ``index`` (0-based, in model order).
+
+    Fragments of one call share ``index``; ``arguments`` fragments concatenate to the call's
+    argument string, which is passed on untouched (it may be invalid JSON; the executor judges).
+    ``provider_id`` and ``name`` are usually present only on a call's first fragment.
+    """
+
+    index: int
+    provider_id: str | None
+    name: str | None
+    arguments: str
+    type: ClassVar[Literal["tool_call"]] = "tool_call"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The delta as an ``assistant/chunk`` record carries it (absent fields omitted)."""
+        out: dict[str, Any] = {"type": self.type, "index": self.index}
+        if self.provider_id is not None:
+            out["provider_id"] = self.provider_id
+        if self.name is not None:
+            out["name"] = self.name
+        out["arguments"] = self.arguments
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of the request, as the provider reported them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    type: ClassVar[Literal["usage"]] = "usage"
+
+    def to_dict(self) -> dict[str, int]:
+        """The ``usage`` field of an ``assistant/message`` record."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The reply is complete; always the last chunk of a stream that completed."""
+
+    reason: FinishReason
+    type: ClassVar[Literal["finish"]] = "finish"
+
+
+Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish
+"""One item of a model stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """One request to the model: the conversation and the tools it may call.
+
+    ``messages`` are OpenAI chat messages (plain dicts, as ``andon.session.history`` returns them);
+    ``tools`` are OpenAI tool schemas (``{"type": "function", "function": {...}}``). Lists are
+    turned into tuples so the request cannot grow behind an adapter's back.
+    """
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        # Frozen, so assignment goes through object.__setattr__; callers often hold lists.
+        object.__setattr__(self, "messages", tuple(self.messages))
+        object.__setattr__(self, "tools", tuple(self.tools))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Which model this is: the user's ``--model`` spec, the provider and the model name."""
+
+    spec: str
+    provider: str
+    name: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The ``model`` field of ``session/start`` and ``session/resumed``."""
+        return {"spec": self.spec, "provider": self.provider, "name": self.name}
+
+
+OnAttempt: TypeAlias = Callable[[int, ModelError | None, float | None], Awaitable[None]]
+"""``on_attempt(n, error, delay)``, awaited by the adapter before attempt ``n`` goes out.
+
+``error`` and ``delay`` belong to the failed attempt that caused this one and are ``None`` for
+``n == 1``. The driver owns the log and writes ``llm/request`` (and ``llm/retry``) here, so the
+record precedes the request."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The seam between the agent loop and a model (llm.md).
+
+    ``stream`` makes the request, retrying failures that the retry policy allows while nothing has
+    streamed yet, and yields the reply's chunks. It observes ``signal`` everywhere, including
+    while the model sends nothing: when the signal fires the iterator raises
+    :class:`~andon.base.Aborted` carrying the cause, at once. Failures raise
+    :class:`~andon.base.ModelError`.
+    """
+
+    @property
+    def info(self) -> ModelInfo:
+        """Identity of the model, logged in ``session/start``."""
+        ...
+
+    def stream(
+        self, request: ModelRequest, signal: AbortSignal, on_attempt: OnAttempt
+    ) -> AsyncIterator[Chunk]:
+        """Stream one reply to ``request``; see the class docstring."""
+        ...

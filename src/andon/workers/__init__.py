@@ -1,0 +1,31 @@
+"""The worker layer: the worker process, process-group control and the built-in tools."""
+
+from andon.workers._builtins import BASH, default
+from andon.workers._containment import ContainmentMode, ContainmentSetting, detect_mode
+from andon.workers._main import WorkerOptions, worker_main
+from andon.workers._registry import (
+    ArgumentError,
+    Tool,
+    ToolKind,
+    ToolRegistry,
+    schema_from_signature,
+    tool,
+    validate_arguments,
+)
+
+__all__ = [
+    "BASH",
+    "ArgumentError",
+    "ContainmentMode",
+    "ContainmentSetting",
+    "Tool",
+    "ToolKind",
+    "ToolRegistry",
+    "WorkerOptions",
+    "default",
+    "detect_mode",
+    "schema_from_signature",
+    "tool",
+    "validate_arguments",
+    "worker_main",
+]

@@ -1,0 +1,80 @@
+"""The worker's one reaper.
+
+Every child exit in a worker is collected here, with ``os.waitid(P_ALL, 0, WEXITED | WNOHANG)``,
+woken by SIGCHLD. It records the tool leader's status and reaps the orphans the worker adopts as a
+subreaper. Nothing else in the worker may wait for a child: a second waiter could steal a status,
+and a stolen status reads as exit 0, turning a failed build into a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass
+
+__all__ = ["ExitStatus", "Reaper"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    code: int | None  # exit code, if it exited
+    signal: int | None  # signal number, if a signal ended it
+
+    @classmethod
+    def from_waitid(cls, result: os.waitid_result) -> ExitStatus:
+        if result.si_code == os.CLD_EXITED:
+            return cls(code=result.si_status, signal=None)
+        return cls(code=None, signal=result.si_status)
+
+
+class Reaper:
+    """Collects child exits; ``await reaper.wait(pid)`` returns that child's status."""
+
+    def __init__(self) -> None:
+        self._statuses: dict[int, ExitStatus] = {}
+        self._waiters: dict[int, asyncio.Future[ExitStatus]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_signal_handler(signal.SIGCHLD, self.reap)
+
+    def uninstall(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_signal_handler(signal.SIGCHLD)
+            self._loop = None
+
+    def watch(self, pid: int) -> None:
+        """Keep ``pid``'s status when it exits (call right after starting it)."""
+        if pid not in self._waiters and self._loop is not None:
+            self._waiters[pid] = self._loop.create_future()
+        self.reap()  # it may already have exited before we looked
+
+    async def wait(self, pid: int) -> ExitStatus:
+        self.watch(pid)
+        if pid in self._statuses:
+            return self._statuses.pop(pid)
+        status = await self._waiters[pid]
+        self._statuses.pop(pid, None)
+        return status
+
+    def reap(self) -> int:
+        """Reap every child that has exited; return how many."""
+        count = 0
+        while True:
+            try:
+                result = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                return count
+            if result is None or result.si_pid == 0:
+                return count
+            count += 1
+            pid = result.si_pid
+            fut = self._waiters.pop(pid, None)
+            if fut is None:
+                continue  # an adopted orphan or a stray: reaped, nothing more to do
+            status = ExitStatus.from_waitid(result)
+            self._statuses[pid] = status
+            if not fut.done():
+                fut.set_result(status)
