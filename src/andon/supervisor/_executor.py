@@ -373,7 +373,6 @@ class _RunningCall:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        now = self.clock.monotonic()
         deadline: float | None = None
         if self.stop_reason is None:
             if self.timeout is not None:
@@ -387,10 +386,12 @@ class _RunningCall:
                 deadline = self.kill_sent_at + self.ex.kill_ack_timeout
         if deadline is None or not math.isfinite(deadline):
             return
-        self._timer = asyncio.get_running_loop().create_task(self._tick_after(deadline - now))
+        self._timer = asyncio.get_running_loop().create_task(self._tick_at(deadline))
 
-    async def _tick_after(self, delay: float) -> None:
-        await self.clock.sleep(max(0.0, delay))
+    async def _tick_at(self, deadline: float) -> None:
+        # The delay is computed when the task runs, not when it was created: the clock may have
+        # moved in between (a test's manual clock, or a slow loop).
+        await self.clock.sleep(max(0.0, deadline - self.clock.monotonic()))
         self.queue.put_nowait(_TICK)
 
     # -- outcomes ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal as _signal
@@ -30,6 +31,7 @@ from multiprocess import popen_forkserver, spawn
 from andon.base import Aborted, AbortSignal, ProtocolError, WorkerError
 from andon.protocol import (
     PROTOCOL_VERSION,
+    ErrorReply,
     Hello,
     Message,
     Reject,
@@ -46,6 +48,7 @@ from andon.workers._procfs import scan
 __all__ = ["WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 
 _PRELOAD = ["andon.workers"]
+_log = logging.getLogger("andon.pool")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class _Worker:
     pidfd: int | None = None
     lease: WorkerLease | None = None
     killed_on_purpose: bool = False
+    kill_reason: str | None = None
     dead: bool = False
 
 
@@ -113,8 +117,8 @@ class WorkerLease:
         """Signal the worker's own process group (a Python tool runs inside it)."""
         if self._worker.dead:
             return 0
-        if sig == _signal.SIGKILL:
-            self._worker.killed_on_purpose = True
+        # Any signal andon sends a worker is meant to end it: its death is then not a loss.
+        self._worker.killed_on_purpose = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._worker.pid, sig)
             return 1
@@ -150,6 +154,7 @@ class WorkerPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._mp = multiprocess.get_context("forkserver")
         self.on_broken: Callable[[str, str], None] | None = None  # (worker id, reason), for tests
+        self.error_replies: list[tuple[str, str]] = []  # error answers outside any call
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -335,7 +340,9 @@ class WorkerPool:
         lease = worker.lease
         if lease is not None:
             self._kill_call_processes(lease)
-            reason = "killed by andon" if worker.killed_on_purpose else "the worker process died"
+            reason = worker.kill_reason or (
+                "ended by andon" if worker.killed_on_purpose else "the worker process died"
+            )
             lease.messages.put_nowait(WorkerGone(reason, worker.killed_on_purpose))
         self._reap_now(worker)
         if not self._closing:
@@ -355,9 +362,12 @@ class WorkerPool:
     def _kill(self, worker: _Worker, reason: str) -> None:
         if worker.dead or not worker.pid:
             return
-        if self.on_broken is not None and not worker.killed_on_purpose:
-            self.on_broken(worker.worker_id, reason)
+        if not worker.killed_on_purpose:
+            _log.warning("killing worker %s: %s", worker.worker_id, reason)
+            if self.on_broken is not None:
+                self.on_broken(worker.worker_id, reason)
         worker.killed_on_purpose = True
+        worker.kill_reason = worker.kill_reason or reason
         if worker.lease is not None:
             self._kill_call_processes(worker.lease)
         with contextlib.suppress(ProcessLookupError):
@@ -383,7 +393,7 @@ class WorkerPool:
             loop.remove_reader(fd)
             loop.add_reader(fd, _resolve, exited)
             try:
-                await asyncio.wait_for(exited, timeout)
+                await asyncio.wait_for(asyncio.shield(exited), timeout)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(worker.pid, _signal.SIGKILL)
@@ -449,11 +459,14 @@ class WorkerPool:
                     )
             case _ if msg.type == "heartbeat":
                 pass
+            case ErrorReply() if msg.call_id is None or worker.lease is None:
+                # The answer to a frame that was not about a call: note it, keep the worker.
+                _log.warning("worker %s answered an error: %s", worker.worker_id, msg.reason)
+                self.error_replies.append((worker.worker_id, msg.reason))
             case _:
                 lease = worker.lease
                 if lease is None:
-                    if msg.type != "error":
-                        self._kill(worker, f"sent {msg.type!r} with no call running")
+                    self._kill(worker, f"sent {msg.type!r} with no call running")
                     return
                 if isinstance(msg, Started):
                     lease.started = msg

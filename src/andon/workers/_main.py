@@ -100,6 +100,10 @@ def _detach(log_path: str | None) -> None:
     os.close(devnull)
 
 
+_ACTIVE: Worker | None = None
+"""The worker of this process (one per process); tests reach its socket through it."""
+
+
 class _Stop(Exception):
     """Ends the worker's task group."""
 
@@ -117,6 +121,8 @@ class Worker:
         self._call_task: asyncio.Task[None] | None = None
 
     async def serve(self) -> None:
+        global _ACTIVE
+        _ACTIVE = self
         loop = asyncio.get_running_loop()
         self.reaper.install(loop)
         self._setup_cgroup()

@@ -1,0 +1,148 @@
+"""Workers that die, drivers that die, and frames that cannot be trusted."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from andon.base import AbortController, ErrorCode, User
+from andon.supervisor import ToolCallRequest
+from andon.testing import SHELL_SLEEP
+from tests.workers.pytools import registry
+from tests.workers.support import MODES, bash, running_pool, start
+from tests.workers.test_grace import call_processes
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def wait_all_exited(pids: list[int], timeout: float) -> list[int]:
+    """Wait (on pidfds) until every pid has exited; return those still alive at the deadline."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + timeout
+    try:
+        while fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select(list(fds), [], [], left)
+            for fd in ready:
+                fds.pop(fd)
+                os.close(fd)
+        return list(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_kill_9_of_a_worker_mid_call_gives_worker_lost(mode: str) -> None:
+    async with running_pool(mode) as (pool, executor):
+        task, rec, _ = await start(executor, bash("c1-1-1", SHELL_SLEEP))
+        await rec.wait_output()
+        (worker_pid,) = pool.workers.values()
+        os.kill(worker_pid, signal.SIGKILL)
+        outcome = await task
+        assert outcome.ended_by == "worker-lost"
+        assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
+        assert "ready" in outcome.content
+        assert call_processes("c1-1-1") == []  # its process group was killed
+        nxt = await executor.execute(bash("c1-1-2", "echo after"), AbortController().signal)
+        assert nxt.content.startswith("after\n") and not nxt.is_error
+        assert worker_pid not in pool.workers.values()
+
+
+def _start_driver(mode: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.workers.driver", mode],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a CI job has
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, "the driver exited before it was ready"
+    return proc, json.loads(line)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kill_9_of_the_driver_leaves_no_worker_and_no_tool(mode: str) -> None:
+    proc, pids = _start_driver(mode)
+    watched = [*pids["workers"], pids["tool"]]  # type: ignore[misc]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+    survivors = wait_all_exited(watched, timeout=2.0)
+    assert survivors == [], f"still alive 2 s after the driver died: {survivors}"
+    assert call_processes("c1-1-1") == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_to_the_drivers_group_is_not_a_worker_loss(mode: str) -> None:
+    proc, _ = _start_driver(mode)
+    os.killpg(proc.pid, signal.SIGTERM)  # the driver, its forkserver and resource tracker
+    assert proc.stdout is not None
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"ended_by": "interrupt", "code": "ABORTED"}
+
+
+async def test_garbage_sent_to_a_worker_gets_an_error_and_it_keeps_serving() -> None:
+    async with running_pool("subreaper") as (pool, executor):
+        ((worker_id, worker_pid),) = pool.workers.items()
+        assert pool._sock is not None
+        for garbage in ([b"\xc1\xc1"], [b"\x80", b"\x80"], [b"x" * 10, b"y", b"z"]):
+            await pool._sock.send_multipart([worker_id.encode(), *garbage])
+        outcome = await executor.execute(
+            bash("c1-1-1", "echo still-here"), AbortController().signal
+        )
+        assert outcome.content.startswith("still-here\n")
+        assert pool.workers == {worker_id: worker_pid}
+        assert len(pool.error_replies) == 3
+        assert all(who == worker_id for who, _ in pool.error_replies)
+
+
+async def test_a_worker_that_sends_garbage_is_killed_and_replaced() -> None:
+    broken: list[tuple[str, str]] = []
+    async with running_pool("subreaper", registry=registry()) as (pool, executor):
+        pool.on_broken = lambda worker, reason: broken.append((worker, reason))
+        (old_pid,) = pool.workers.values()
+        request = ToolCallRequest("c1-1-1", "send_garbage", "{}", os.getcwd())
+        outcome = await executor.execute(request, AbortController().signal)
+        assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
+        assert "bad frame" in outcome.error.message
+        assert len(broken) == 1 and "bad frame" in broken[0][1]
+        nxt = await executor.execute(bash("c1-1-2", "echo fresh"), AbortController().signal)
+        assert nxt.content.startswith("fresh\n")
+        assert old_pid not in pool.workers.values()
+
+
+async def test_cancel_for_a_finished_call_is_ignored() -> None:
+    async with running_pool("subreaper") as (pool, executor):
+        done = await executor.execute(bash("c1-1-1", "true"), AbortController().signal)
+        assert done.exit_code == 0
+        from andon.protocol import Cancel
+
+        lease = await pool.acquire()
+        await lease.send(Cancel(call_id="c1-1-1", stage="kill"))
+        lease.release()
+        task, rec, controller = await start(executor, bash("c1-1-2", SHELL_SLEEP))
+        await rec.wait_output()
+        controller.abort(User())
+        outcome = await task
+        assert outcome.ended_by == "interrupt"
+        assert pool.error_replies == []
