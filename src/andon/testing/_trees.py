@@ -21,8 +21,11 @@ STUBBORN = "trap '' INT TERM; echo ready; while :; do sleep 0.05; done"
 
 
 def leader_obeys_member_stubborn() -> str:
-    """The leader exits on SIGINT; a background member ignores SIGINT and SIGTERM."""
-    return "bash -c \"trap '' INT TERM; while :; do sleep 0.05; done\" & echo ready; sleep 1000"
+    """The leader exits on SIGINT; a background member ignores SIGINT and SIGTERM.
+
+    The member itself prints ``ready``, after its trap is set, so no signal can beat the trap.
+    """
+    return "bash -c \"trap '' INT TERM; echo ready; while :; do sleep 0.05; done\" & sleep 1000"
 
 
 def benchmark_tree(append_to: str, width: int = 45) -> str:

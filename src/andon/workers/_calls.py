@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import math
 import os
 import secrets
@@ -113,10 +114,7 @@ class CallContext:
 
     def _signal(self, stage: SignalStage, sig: int, *, group_only: bool) -> int:
         assert self.procs is not None
-        members = self.procs.members()
-        if group_only and self.procs.pgid is not None:
-            members = [m for m in members if m.pgid == self.procs.pgid]
-        targets = self.procs.signal(sig, members)
+        targets = len(self.procs.stop(sig, group_only=group_only))
         self._pending.append(
             Signalled(call_id=self.run.call_id, stage=stage, at=self.elapsed(), targets=targets)
         )
@@ -328,28 +326,30 @@ async def _sweep(ctx: CallContext) -> int:
     """Stop whatever the call left behind; return how many distinct processes were signalled."""
     procs = ctx.procs
     assert procs is not None
-    members = procs.members()
-    if not members:
+    procs.reaper.reap()
+    if not procs.maybe_any():  # the common case: nothing left, and no /proc scan to know it
         return 0
-    seen = {(m.pid, m.start) for m in members}
-    targets = procs.signal(_signal.SIGTERM, members)
+    reached = procs.stop(_signal.SIGTERM, group_only=False)
+    # Zombies in ``reached`` were alive when the signal went out (ours were reaped just before).
+    seen = {(m.pid, m.start) for m in reached}
+    if not seen:
+        return 0
     await ctx.send(
-        Signalled(call_id=ctx.run.call_id, stage="sweep-term", at=ctx.elapsed(), targets=targets)
+        Signalled(call_id=ctx.run.call_id, stage="sweep-term", at=ctx.elapsed(), targets=len(seen))
     )
     if await procs.wait_gone(ctx.sweep_delay()):
         return len(seen)
-    members = procs.members()
-    seen |= {(m.pid, m.start) for m in members}
-    targets = procs.signal(_signal.SIGKILL, members)
+    reached = procs.stop(_signal.SIGKILL, group_only=False)
+    seen |= {(m.pid, m.start) for m in reached}
     await ctx.send(
-        Signalled(call_id=ctx.run.call_id, stage="sweep-kill", at=ctx.elapsed(), targets=targets)
+        Signalled(
+            call_id=ctx.run.call_id, stage="sweep-kill", at=ctx.elapsed(), targets=len(reached)
+        )
     )
     # After SIGKILL only an uninterruptible sleep can delay the exit; keep killing what appears
     # (a fork that raced the kill) until nothing is left.
     while not await procs.wait_gone(1.0):
-        members = procs.members()
-        seen |= {(m.pid, m.start) for m in members}
-        procs.signal(_signal.SIGKILL, members)
+        seen |= {(m.pid, m.start) for m in procs.stop(_signal.SIGKILL, group_only=False)}
     return len(seen)
 
 
@@ -362,13 +362,12 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     error: ErrorInfo | None = None
     content = ""
     ended_by: EndedBy = "exit"
-    me = psutil.Process()
     await ctx.send(
         Started(
             call_id=run.call_id,
-            pid=me.pid,
+            pid=os.getpid(),
             pgid=os.getpgid(0),
-            create_time=me.create_time(),
+            create_time=_own_create_time(),
             containment=ctx.mode,
         )
     )
@@ -413,6 +412,11 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
         error=error,
         strays_killed=strays,
     )
+
+
+@functools.cache
+def _own_create_time() -> float:
+    return psutil.Process().create_time()
 
 
 def _apply_env(run: Run) -> dict[str, str | None]:

@@ -42,9 +42,21 @@ class CallProcesses:
         self.cgroup = cgroup
         self.tag = tag  # an environment entry only this call's processes carry
 
-    def members(self) -> list[ProcInfo]:
+    def members(self, *, reap: bool = True, include_zombies: bool = False) -> list[ProcInfo]:
         """Live processes of the call (zombies of our own children are reaped first)."""
-        self.reaper.reap()
+        if reap:
+            self.reaper.reap()
+        if not self.maybe_any():
+            return []
+        if self.cgroup is not None:
+            # Every process of the call is in its cgroup (leaving it takes a cgroup write that a
+            # tool cannot make by accident): read the members instead of scanning all of /proc.
+            in_cgroup = (proc_info(pid) for pid in CgroupTree.pids(self.cgroup))
+            return [
+                p
+                for p in in_cgroup
+                if p is not None and p.pid != self.worker_pid and (include_zombies or not p.zombie)
+            ]
         procs = list(scan())
         found: dict[int, ProcInfo] = {}
         if self.pgid is not None:
@@ -54,14 +66,23 @@ class CallProcesses:
         if self.mode != "pgroup":
             for p in descendants(self.worker_pid, procs):
                 found[p.pid] = p
-        if self.cgroup is not None:
-            by_pid = {p.pid: p for p in procs}
-            for pid in CgroupTree.pids(self.cgroup):
-                info = by_pid.get(pid) or proc_info(pid)
-                if info is not None:
-                    found[pid] = info
         found.pop(self.worker_pid, None)
-        return [p for p in found.values() if not p.zombie]
+        return [p for p in found.values() if include_zombies or not p.zombie]
+
+    def maybe_any(self) -> bool:
+        """A cheap test (no /proc scan) that can only err on the side of "maybe"."""
+        if self.pgid is not None:
+            try:
+                os.killpg(self.pgid, 0)
+                return True
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                return True
+        if self.mode != "pgroup" and _has_children():
+            # As a subreaper, every descendant of the call is a child of the worker or below one.
+            return True
+        return self.cgroup is not None and bool(CgroupTree.pids(self.cgroup))
 
     def signal(self, sig: int, members: list[ProcInfo] | None = None) -> int:
         """Send ``sig`` to every live member; return how many were targeted.
@@ -84,18 +105,53 @@ class CallProcesses:
             CgroupTree.kill(self.cgroup)
         return len(members)
 
+    def stop(self, sig: int, *, group_only: bool) -> list[ProcInfo]:
+        """Signal first, count after; return the processes it reached.
+
+        Latency matters here (this is the moment a user waits for), so the group gets its
+        ``killpg`` (and a SIGKILL its ``cgroup.kill``) before anything is scanned. The count that
+        follows includes members that are already zombies: they were alive when signalled. With
+        ``group_only`` False, members outside the group (strays) are then signalled one by one.
+        """
+        if self.pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, sig)
+        if sig == _signal.SIGKILL and self.cgroup is not None:
+            CgroupTree.kill(self.cgroup)
+        # No reaping before counting: the leader's zombie still counts as reached.
+        members = self.members(reap=False, include_zombies=True)
+        reached = [m for m in members if self.pgid is not None and m.pgid == self.pgid]
+        if not group_only:
+            for m in members:
+                if m.pgid != self.pgid and not m.zombie and _signal_exact(m, sig):
+                    reached.append(m)
+        return reached
+
     async def wait_gone(self, timeout: float) -> bool:
-        """Wait (on pidfds, not by polling) until no member is left; False on timeout."""
+        """Wait until no member is left; False on timeout. Event-driven, never a polling loop.
+
+        As a subreaper, the last descendant to exit is always a child of the worker by then (its
+        parent died first, or it was one already), so every "maybe done" moment follows a reap:
+        wait on the reaper and re-check cheaply. In ``pgroup`` mode members need not be our
+        children, so wait on a pidfd per member instead.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
-            members = self.members()
-            if not members:
+            generation = self.reaper.generation
+            self.reaper.reap()
+            if not self.maybe_any():
                 return True
             left = deadline - loop.time()
             if left <= 0:
                 return False
-            await _wait_any_exit(members, left)
+            if self.mode == "pgroup":
+                members = self.members()
+                if not members:
+                    return True
+                await _wait_any_exit(members, left)
+            else:
+                await self.reaper.wait_change(generation, left)
 
     def unreachable(self) -> list[ProcInfo]:
         """Processes carrying the call's tag that are outside what the mode can signal.
@@ -107,6 +163,15 @@ class CallProcesses:
         reachable = {p.pid for p in self.members()}
         exclude = {os.getpid(), self.worker_pid, *reachable}
         return with_environ_entry(self.tag, exclude=exclude)
+
+
+def _has_children() -> bool:
+    """Whether this process has any child at all (running or exited), without reaping one."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _open_pidfd(info: ProcInfo) -> int | None:

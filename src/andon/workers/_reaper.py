@@ -9,6 +9,7 @@ and a stolen status reads as exit 0, turning a failed build into a success.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ class Reaper:
         self._statuses: dict[int, ExitStatus] = {}
         self._waiters: dict[int, asyncio.Future[ExitStatus]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.generation = 0  # counts reaps; bumps wake ``wait_change``
+        self._changed: asyncio.Event | None = None
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -59,8 +62,26 @@ class Reaper:
         self._statuses.pop(pid, None)
         return status
 
+    async def wait_change(self, since: int, timeout: float) -> None:
+        """Return once a child has been reaped after generation ``since``, or after ``timeout``."""
+        if self.generation != since:
+            return
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
     def reap(self) -> int:
         """Reap every child that has exited; return how many."""
+        count = self._reap()
+        if count:
+            self.generation += 1
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
+        return count
+
+    def _reap(self) -> int:
         count = 0
         while True:
             try:
