@@ -113,13 +113,17 @@ class CallProcesses:
         follows includes members that are already zombies: they were alive when signalled. With
         ``group_only`` False, members outside the group (strays) are then signalled one by one.
         """
+        # With a cgroup, membership is cheap to read and must be read first: a process that dies
+        # leaves cgroup.procs at once (no zombie stays listed). Without one, a /proc scan is the
+        # expensive part and comes after the signal; zombies then still show who was reached.
+        before = self.members(reap=False, include_zombies=True) if self.cgroup else None
         if self.pgid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pgid, sig)
         if sig == _signal.SIGKILL and self.cgroup is not None:
             CgroupTree.kill(self.cgroup)
         # No reaping before counting: the leader's zombie still counts as reached.
-        members = self.members(reap=False, include_zombies=True)
+        members = before if before is not None else self.members(reap=False, include_zombies=True)
         reached = [m for m in members if self.pgid is not None and m.pgid == self.pgid]
         if not group_only:
             for m in members:

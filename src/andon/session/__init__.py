@@ -1,0 +1,161 @@
+"""The session log: records, the durable writer, the reader, invariants, crash repair and folds.
+
+A session is one folder; its log, ``events.jsonl``, is append-only and tells the truth: every turn
+that starts ends with exactly one ``turn/end`` saying how, every tool call has exactly one result in
+its step, and a crash never corrupts it (the next :func:`load` repairs it by appending closers).
+The exact JSON of every record is in ``design/records.md``; ``docs/log-format.md`` explains it.
+
+Reading::
+
+    records = andon.session.read(folder)        # list[Record]; no lock, no repair
+    for record in andon.session.iter_records(folder): ...   # streaming
+    loaded = andon.session.load(folder)         # cold load: lock, repair if needed, unlock
+    andon.session.check(loaded.events)          # [] when every invariant holds
+    andon.session.history(loaded.events)        # the OpenAI-style messages the model sees
+
+Writing::
+
+    log = andon.session.SessionLog.open(folder)  # takes the lock (SessionLive if held)
+    log.append(TurnStart(1)); await log.barrier(); log.close()
+
+Imports only ``andon.base`` (and psutil for finding a crashed call's leftover processes).
+"""
+
+from andon.session._check import InvariantViolation, check
+from andon.session._folds import (
+    ConsumedWork,
+    SessionState,
+    fold_consumed_work,
+    fold_state,
+    history,
+)
+from andon.session._leftovers import Leftover
+from andon.session._lock import LockHolder, read_lock_holder
+from andon.session._reader import Records, RecordStream, TornTail, iter_records, read
+from andon.session._records import (
+    FORMAT_VERSION,
+    RECORD_TYPES,
+    AssistantChunk,
+    AssistantMessage,
+    EventData,
+    InboxSpliced,
+    LlmRequest,
+    LlmRetry,
+    Record,
+    SessionRepaired,
+    SessionResumed,
+    SessionStart,
+    StepEnd,
+    StepStart,
+    ToolCall,
+    ToolResult,
+    ToolSignal,
+    ToolStarted,
+    TurnEnd,
+    TurnStart,
+    Unrecognized,
+    UserMessageEntered,
+    encode_line,
+)
+from andon.session._repair import REPAIR_TEXTS, LoadedSession, RepairReport, load, repair
+from andon.session._tail import ClosingTexts
+from andon.session._transcript import render_transcript
+from andon.session._values import (
+    AssistantReply,
+    Block,
+    Blocked,
+    Completed,
+    EndedBy,
+    ExitStatus,
+    Finish,
+    Interrupted,
+    MaxTokens,
+    MessageSource,
+    ModelInfo,
+    ReasoningBlock,
+    SignalStage,
+    TextBlock,
+    ToolCallBlock,
+    ToolErrorInfo,
+    TurnAborted,
+    TurnEndKind,
+    TurnEndReason,
+    TurnFailed,
+    UserMessage,
+    reason_from_json,
+)
+from andon.session._writer import Durability, FsyncFn, SessionLog, WriteFn
+
+__all__ = [
+    "FORMAT_VERSION",
+    "RECORD_TYPES",
+    "REPAIR_TEXTS",
+    "AssistantChunk",
+    "AssistantMessage",
+    "AssistantReply",
+    "Block",
+    "Blocked",
+    "ClosingTexts",
+    "Completed",
+    "ConsumedWork",
+    "Durability",
+    "EndedBy",
+    "EventData",
+    "ExitStatus",
+    "Finish",
+    "FsyncFn",
+    "InboxSpliced",
+    "Interrupted",
+    "InvariantViolation",
+    "Leftover",
+    "LlmRequest",
+    "LlmRetry",
+    "LoadedSession",
+    "LockHolder",
+    "MaxTokens",
+    "MessageSource",
+    "ModelInfo",
+    "ReasoningBlock",
+    "Record",
+    "RecordStream",
+    "Records",
+    "RepairReport",
+    "SessionLog",
+    "SessionRepaired",
+    "SessionResumed",
+    "SessionStart",
+    "SessionState",
+    "SignalStage",
+    "StepEnd",
+    "StepStart",
+    "TextBlock",
+    "ToolCall",
+    "ToolCallBlock",
+    "ToolErrorInfo",
+    "ToolResult",
+    "ToolSignal",
+    "ToolStarted",
+    "TornTail",
+    "TurnAborted",
+    "TurnEnd",
+    "TurnEndKind",
+    "TurnEndReason",
+    "TurnFailed",
+    "TurnStart",
+    "Unrecognized",
+    "UserMessage",
+    "UserMessageEntered",
+    "WriteFn",
+    "check",
+    "encode_line",
+    "fold_consumed_work",
+    "fold_state",
+    "history",
+    "iter_records",
+    "load",
+    "read",
+    "read_lock_holder",
+    "reason_from_json",
+    "render_transcript",
+    "repair",
+]

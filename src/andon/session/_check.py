@@ -1,0 +1,427 @@
+"""The invariants of session-log.md, checked in one pass over a log.
+
+1. ``seq`` is contiguous from 0; the first record is ``session/start``.
+2. Turns do not nest; ``turn/start`` carries the next number; every ``turn/start`` is matched by
+   exactly one ``turn/end`` naming it; ``turn/end`` requires no open step.
+3. Steps live inside a turn, do not nest, are numbered 1, 2, … within the turn; ``step/end``
+   names the open step.
+4. ``user/message``, ``llm/*``, ``assistant/*`` and ``tool/*`` name the open turn and step.
+5. Every ``tool/call`` has exactly one ``tool/result`` with its ``call_id`` in the same step,
+   before ``step/end``; results appear in model order; ``tool/started`` and ``tool/signal`` come
+   between a call and its result; the one result allowed without a ``tool/call`` is a repair result
+   with code ``TOOL_NOT_STARTED``; ``call_id``\\ s are unique in the session. (Also: every tool call
+   an assistant message asks for is answered in its step, since the history sent to the model
+   needs a result for each; and a ``tool/call`` answers a call the step's reply asked for.)
+6. Between turns only ``agent/inbox/spliced``, ``session/*`` and ignorable records appear.
+7. An ``assistant/message`` with ``interrupted: true`` holds only text and reasoning blocks with
+   non-whitespace content, never tool calls.
+
+A live session may end with one open turn and step (``live=True``); a cold, repaired log may not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, assert_never
+
+from andon.base import ErrorCode
+from andon.session._records import (
+    AssistantChunk,
+    AssistantMessage,
+    InboxSpliced,
+    LlmRequest,
+    LlmRetry,
+    Record,
+    SessionRepaired,
+    SessionResumed,
+    SessionStart,
+    StepEnd,
+    StepStart,
+    ToolCall,
+    ToolResult,
+    ToolSignal,
+    ToolStarted,
+    TurnEnd,
+    TurnStart,
+    Unrecognized,
+    UserMessageEntered,
+    as_records,
+)
+from andon.session._values import ReasoningBlock, TextBlock, ToolCallBlock
+
+__all__ = ["InvariantViolation", "check"]
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantViolation:
+    """One broken invariant: the record (``seq``) where it shows, the rule number, and why."""
+
+    seq: int
+    rule: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"seq {self.seq}: invariant {self.rule}: {self.message}"
+
+
+@dataclass(slots=True)
+class _Step:
+    turn: int
+    step: int
+    seq: int
+    replied: bool = False
+    # call_id -> position in model order (the order the step's replies list them)
+    requested: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # call_id -> seq of its tool/call
+    answered: set[str] = field(default_factory=set)
+    last_order: int = -1
+    last_answered: str | None = None
+
+
+class _Checker:
+    def __init__(self, live: bool) -> None:
+        self.live = live
+        self.out: list[InvariantViolation] = []
+        self.expected_seq = 0
+        self.seen_first = False
+        self.last_turn = 0
+        self.turn: int | None = None
+        self.turn_seq = 0
+        self.last_step = 0
+        self.step: _Step | None = None
+        self.call_ids: set[str] = set()
+        self.last_seq = -1
+
+    def bad(self, seq: int, rule: int, message: str) -> None:
+        self.out.append(InvariantViolation(seq, rule, message))
+
+    def feed(self, r: Record) -> None:
+        seq = r.seq
+        self.last_seq = seq
+        if seq != self.expected_seq:
+            self.bad(
+                seq,
+                1,
+                f"seq {seq} follows seq {self.expected_seq - 1}; seq must be contiguous "
+                f"from 0 (expected {self.expected_seq})",
+            )
+        self.expected_seq = seq + 1
+        if not self.seen_first:
+            self.seen_first = True
+            if not isinstance(r.data, SessionStart):
+                self.bad(
+                    seq, 1, f"the log starts with {r.type}; the first record must be session/start"
+                )
+        data = r.data
+        match data:
+            case SessionStart() | SessionResumed() | SessionRepaired():
+                self._session_record(r)
+            case InboxSpliced() | Unrecognized():
+                pass
+            case TurnStart(turn=n):
+                self._turn_start(seq, n)
+            case TurnEnd(turn=n):
+                self._turn_end(seq, n)
+            case StepStart(turn=t, step=s):
+                self._step_start(seq, t, s)
+            case StepEnd(turn=t, step=s):
+                self._step_end(seq, t, s)
+            case AssistantMessage():
+                if self._in_step(r, data.turn, data.step):
+                    self._reply(seq, data)
+            case ToolCall(call_id=call_id):
+                if self._in_step(r, data.turn, data.step):
+                    self._call(seq, call_id)
+            case ToolStarted(call_id=call_id) | ToolSignal(call_id=call_id):
+                if self._in_step(r, data.turn, data.step):
+                    self._between(seq, r.type, call_id)
+            case ToolResult():
+                if self._in_step(r, data.turn, data.step):
+                    self._result(seq, data)
+            case UserMessageEntered() | LlmRequest() | LlmRetry() | AssistantChunk():
+                self._in_step(r, data.turn, data.step)
+            case _:
+                assert_never(data)
+
+    # --- 1, 6: session records ----------------------------------------------------------------
+
+    def _session_record(self, r: Record) -> None:
+        if isinstance(r.data, SessionStart) and r.seq != 0:
+            self.bad(r.seq, 1, "session/start appears again; a session starts once, at seq 0")
+        if self.turn is not None and not isinstance(r.data, SessionStart):
+            self.bad(
+                r.seq,
+                2,
+                f"{r.type} while turn {self.turn} is open; a session is taken over "
+                "or repaired only after its turns are closed",
+            )
+
+    # --- 2: turns -------------------------------------------------------------------------------
+
+    def _turn_start(self, seq: int, n: int) -> None:
+        if self.turn is not None:
+            self.bad(
+                seq,
+                2,
+                f"turn/start {n} while turn {self.turn} is still open; turns do not "
+                f"nest (turn {self.turn} never ended)",
+            )
+            self.step = None
+        if n != self.last_turn + 1:
+            self.bad(
+                seq,
+                2,
+                f"turn/start {n} after turn {self.last_turn}; turns are numbered "
+                f"1, 2, … so the next is {self.last_turn + 1}",
+            )
+        self.turn, self.turn_seq, self.last_step = n, seq, 0
+        self.last_turn = max(self.last_turn, n)
+
+    def _turn_end(self, seq: int, n: int) -> None:
+        if self.turn is None:
+            self.bad(seq, 2, f"turn/end {n} with no turn open; every turn ends exactly once")
+            return
+        if n != self.turn:
+            self.bad(seq, 2, f"turn/end names turn {n} but the open turn is {self.turn}")
+        if self.step is not None:
+            self.bad(
+                seq,
+                2,
+                f"turn/end {n} while step {self.step.turn}.{self.step.step} is still "
+                "open; the step must end first",
+            )
+            self._close_step(seq)
+        self.turn = None
+
+    # --- 3: steps -------------------------------------------------------------------------------
+
+    def _step_start(self, seq: int, t: int, s: int) -> None:
+        if self.turn is None:
+            self.bad(seq, 3, f"step/start {t}.{s} outside any turn; steps live inside a turn")
+            return
+        if t != self.turn:
+            self.bad(seq, 3, f"step/start names turn {t} but the open turn is {self.turn}")
+        if self.step is not None:
+            self.bad(
+                seq,
+                3,
+                f"step/start {t}.{s} while step {self.step.turn}.{self.step.step} is "
+                "still open; steps do not nest",
+            )
+            self._close_step(seq)
+        if s != self.last_step + 1:
+            self.bad(
+                seq,
+                3,
+                f"step {s} follows step {self.last_step} in turn {self.turn}; steps "
+                f"are numbered 1, 2, … so the next is {self.last_step + 1}",
+            )
+        self.last_step = max(self.last_step, s)
+        self.step = _Step(self.turn, s, seq)
+
+    def _step_end(self, seq: int, t: int, s: int) -> None:
+        if self.step is None:
+            where = f"turn {self.turn}" if self.turn is not None else "no turn"
+            self.bad(seq, 3, f"step/end {t}.{s} with no step open ({where} is open)")
+            return
+        if (t, s) != (self.step.turn, self.step.step):
+            self.bad(
+                seq,
+                3,
+                f"step/end names step {t}.{s} but the open step is "
+                f"{self.step.turn}.{self.step.step}",
+            )
+        self._close_step(seq)
+
+    def _close_step(self, seq: int) -> None:
+        step = self.step
+        assert step is not None
+        name = f"{step.turn}.{step.step}"
+        for call_id in step.calls:
+            if call_id not in step.answered:
+                self.bad(seq, 5, f"tool/call {call_id} has no tool/result before step {name} ends")
+        for call_id in step.requested:
+            if call_id not in step.answered and call_id not in step.calls:
+                self.bad(
+                    seq,
+                    5,
+                    f"the reply in step {name} asked for tool call {call_id}, but the "
+                    "step ends without a tool/result for it",
+                )
+        self.step = None
+
+    # --- 4, 6: records that belong to a step ----------------------------------------------------
+
+    def _in_step(self, r: Record, t: int, s: int) -> bool:
+        if self.turn is None:
+            self.bad(
+                r.seq,
+                6,
+                f"{r.type} between turns; only agent/inbox/spliced, session/* and "
+                "ignorable records may appear there",
+            )
+            return False
+        if self.step is None:
+            self.bad(r.seq, 4, f"{r.type} in turn {self.turn} outside any step")
+            return False
+        if (t, s) != (self.step.turn, self.step.step):
+            self.bad(
+                r.seq,
+                4,
+                f"{r.type} names step {t}.{s} but the open step is "
+                f"{self.step.turn}.{self.step.step}",
+            )
+            return False
+        return True
+
+    # --- 5, 7: replies and tool calls -----------------------------------------------------------
+
+    def _reply(self, seq: int, data: AssistantMessage) -> None:
+        step = self.step
+        assert step is not None
+        step.replied = True
+        if data.interrupted:
+            for block in data.message.content:
+                match block:
+                    case ToolCallBlock(call_id=call_id):
+                        self.bad(
+                            seq,
+                            7,
+                            f"the interrupted reply holds tool call {call_id}; an "
+                            "interrupted prefix keeps only text and reasoning",
+                        )
+                    case TextBlock(text=text) | ReasoningBlock(text=text):
+                        if not text.strip():
+                            self.bad(
+                                seq,
+                                7,
+                                f"the interrupted reply keeps an empty {block.kind} "
+                                "block; only blocks with visible content are kept",
+                            )
+                    case _:
+                        assert_never(block)
+            return  # it asks for nothing: its calls must not be answered either
+        for block in data.message.tool_calls:
+            if block.call_id in step.requested:
+                self.bad(
+                    seq,
+                    5,
+                    f"call_id {block.call_id} appears twice in the replies of step "
+                    f"{step.turn}.{step.step}",
+                )
+                continue
+            step.requested[block.call_id] = len(step.requested)
+
+    def _call(self, seq: int, call_id: str) -> None:
+        step = self.step
+        assert step is not None
+        if call_id in self.call_ids:
+            self.bad(seq, 5, f"call_id {call_id} was used before; call ids are unique in a session")
+            return
+        self.call_ids.add(call_id)
+        step.calls[call_id] = seq
+        if not step.replied:
+            self.bad(
+                seq,
+                5,
+                f"tool/call {call_id} comes before any reply of step "
+                f"{step.turn}.{step.step} asked for it",
+            )
+        elif call_id not in step.requested:
+            self.bad(
+                seq,
+                5,
+                f"tool/call {call_id} is not one of the tool calls the reply of step "
+                f"{step.turn}.{step.step} asked for",
+            )
+
+    def _between(self, seq: int, type_: str, call_id: str) -> None:
+        step = self.step
+        assert step is not None
+        if call_id not in step.calls:
+            self.bad(seq, 5, f"{type_} for {call_id}, which has no tool/call in this step")
+        elif call_id in step.answered:
+            self.bad(
+                seq,
+                5,
+                f"{type_} for {call_id} after its tool/result; it belongs between the "
+                "call and its result",
+            )
+
+    def _result(self, seq: int, data: ToolResult) -> None:
+        step = self.step
+        assert step is not None
+        call_id = data.call_id
+        if call_id in step.answered:
+            self.bad(seq, 5, f"a second tool/result for {call_id}; every call has exactly one")
+            return
+        if call_id not in step.calls:
+            code = data.error.code if data.error is not None else None
+            if code != ErrorCode.TOOL_NOT_STARTED:
+                self.bad(
+                    seq,
+                    5,
+                    f"tool/result {call_id} has no tool/call in this step (only a "
+                    "repair result with code TOOL_NOT_STARTED may stand alone)",
+                )
+                return
+            if call_id in self.call_ids:
+                self.bad(
+                    seq, 5, f"call_id {call_id} was used before; call ids are unique in a session"
+                )
+                return
+            self.call_ids.add(call_id)
+            if call_id not in step.requested:
+                self.bad(
+                    seq,
+                    5,
+                    f"tool/result {call_id} answers no tool call the reply of step "
+                    f"{step.turn}.{step.step} asked for",
+                )
+        step.answered.add(call_id)
+        order = step.requested.get(call_id)
+        if order is not None:
+            if order < step.last_order:
+                self.bad(
+                    seq,
+                    5,
+                    f"tool/result {call_id} comes after the result of "
+                    f"{step.last_answered}, but the model asked for {call_id} first; "
+                    "results appear in model order",
+                )
+            else:
+                step.last_order, step.last_answered = order, call_id
+
+    def finish(self) -> list[InvariantViolation]:
+        if not self.live:
+            if self.step is not None:
+                self.bad(
+                    self.step.seq,
+                    3,
+                    f"step {self.step.turn}.{self.step.step} never ends "
+                    "(a cold log has no open step; load() repairs a crashed one)",
+                )
+            if self.turn is not None:
+                self.bad(
+                    self.turn_seq,
+                    2,
+                    f"turn {self.turn} never ends (a cold log has no open "
+                    "turn; load() repairs a crashed one)",
+                )
+        return self.out
+
+
+def check(
+    events: Iterable[Record | Mapping[str, Any]], *, live: bool = False
+) -> list[InvariantViolation]:
+    """Every violation of the log invariants, in log order (an empty list: the log is sound).
+
+    ``events`` are records as ``read()`` returns them or plain dicts parsed from ``events.jsonl``.
+    With ``live=True`` the log may end with one open turn and step (a session that is running);
+    by default an open turn or step at the end is a violation (a cold log must be balanced).
+    """
+    checker = _Checker(live)
+    for record in as_records(events):
+        checker.feed(record)
+    return checker.finish()

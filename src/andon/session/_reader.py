@@ -1,0 +1,178 @@
+"""Reading a log: streaming, without locking and without repairing.
+
+Two kinds of bad line, told apart by where they are:
+
+* the **last** line not ``\\n``-terminated, or not parsable as a JSON object, is a *torn tail*: an
+  append that never completed (on a live log, an append in progress; after a crash, one that was
+  never acknowledged). It is left out and reported as :class:`TornTail`;
+* a bad line **followed by any other line** cannot be a torn append (the writer appends one whole
+  line per ``write`` and cuts a failed one off at once), so it is corruption: ``LogCorrupted``
+  naming the line number and byte offset. A whole line that parses but is not a valid record is
+  corruption wherever it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, NoReturn
+
+from andon.base import LogCorrupted, SessionError
+from andon.session._records import Record
+
+__all__ = ["RecordStream", "Records", "TornTail", "iter_records", "log_path", "read"]
+
+LOG_NAME = "events.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """An incomplete last line: ``length`` bytes at byte ``offset`` (line number ``line``)."""
+
+    offset: int
+    length: int
+    line: int
+    terminated: bool
+    """Whether it ended with ``\\n`` (a whole line that does not parse, not a cut one)."""
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# The writer never produces NaN or Infinity (allow_nan=False): a line holding them does not parse.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def log_path(session: str | os.PathLike[str]) -> Path:
+    """``session/events.jsonl`` for a session folder; a path to a log file is used as it is."""
+    path = Path(session)
+    return path if path.is_file() else path / LOG_NAME
+
+
+def _decode(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The JSON object of one line, or ``None`` and why it does not parse."""
+    if not line.endswith(b"\n"):
+        return None, "the line is not terminated by a newline"
+    try:
+        obj = _DECODER.decode(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "the line is not valid UTF-8"
+    except ValueError as exc:
+        return None, f"the line is not valid JSON ({exc})"
+    if not isinstance(obj, dict):
+        return None, "the line is not a JSON object"
+    return obj, ""
+
+
+class RecordStream(Iterator[Record]):
+    """Records of a log, one at a time; the file is never held in memory.
+
+    After the stream is exhausted, :attr:`torn` tells whether a torn tail was left out and
+    :attr:`end_offset` is the byte length of the whole records (where a torn tail starts).
+    """
+
+    def __init__(self, path: Path, *, label: str | None = None) -> None:
+        self.path = path
+        self.label = label if label is not None else str(path.parent)
+        self.torn: TornTail | None = None
+        self.end_offset = 0
+        self.lines = 0
+        if not path.is_file():
+            raise SessionError(
+                f"{path.parent} holds no session log ({path.name} is missing)", session=self.label
+            )
+        # The file is opened by the generator, so a stream that is never iterated holds nothing.
+        self._gen = self._records()
+
+    def __iter__(self) -> RecordStream:
+        return self
+
+    def __next__(self) -> Record:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop early and close the file."""
+        self._gen.close()
+
+    def __enter__(self) -> RecordStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _records(self) -> Generator[Record, None, None]:
+        with open(self.path, "rb") as file:
+            yield from self._parse(file)
+
+    def _parse(self, file: BinaryIO) -> Generator[Record, None, None]:
+        readline = file.readline
+        offset = 0
+        lineno = 0
+        while line := readline():
+            lineno += 1
+            obj, why = _decode(line)
+            if obj is None:
+                # An unterminated line ended at end of file when it was read: on a live log the
+                # rest of it may be arriving right now, so never look past it. A whole line that
+                # does not parse is a torn tail only if nothing follows it.
+                if line.endswith(b"\n") and readline():
+                    raise LogCorrupted(
+                        f"{self.path}: line {lineno} (byte offset {offset}) is not a record "
+                        f"({why}) and more lines follow it. That is corruption in the middle "
+                        "of the log, not a torn write, so andon changes nothing; restore the "
+                        "file from a backup or cut it by hand.",
+                        session=self.label,
+                        line=lineno,
+                        offset=offset,
+                    )
+                self.torn = TornTail(offset, len(line), lineno, line.endswith(b"\n"))
+                return
+            try:
+                record = Record.from_dict(obj, session=self.label)
+            except ValueError as exc:
+                raise LogCorrupted(
+                    f"{self.path}: line {lineno} (byte offset {offset}) is JSON but not a "
+                    f"valid record: {exc}",
+                    session=self.label,
+                    line=lineno,
+                    offset=offset,
+                ) from None
+            offset += len(line)
+            self.end_offset = offset
+            self.lines = lineno
+            yield record
+
+
+class Records(list[Record]):
+    """A list of records that also says whether a torn tail was left out (``torn``)."""
+
+    torn: TornTail | None = None
+
+
+def iter_records(session: str | os.PathLike[str]) -> RecordStream:
+    """Stream the records of a session (a folder, or the path of its ``events.jsonl``).
+
+    Neither locks nor repairs. A torn tail is left out and reported in ``stream.torn`` once the
+    stream is exhausted; a bad line in the middle raises ``LogCorrupted``; an unknown record type
+    raises ``LogFormatUnsupported`` unless the record is ignorable.
+    """
+    path = log_path(session)
+    return RecordStream(path, label=str(Path(session)))
+
+
+def read(session: str | os.PathLike[str]) -> Records:
+    """All records of a session as a list (``.torn`` reports a torn tail). No lock, no repair."""
+    stream = iter_records(session)
+    records = Records(stream)
+    records.torn = stream.torn
+    return records

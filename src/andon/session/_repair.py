@@ -1,0 +1,264 @@
+"""Cold load and crash repair (session-log.md, Crash repair).
+
+A process that dies by kill -9 runs no ``finally``: its log can end inside a turn, inside a step,
+with tool calls that have no result, and with half a line. Repair makes such a log balanced again
+by **appending** closers; history is never deleted or rewritten (the bytes of a torn tail are moved
+to a file beside the log, not thrown away). In order:
+
+1. take the session lock: a live session is refused (``SessionLive`` names the holder), because
+   its open turn is simply still running;
+2. read the log; corruption in the middle or an unknown format refuses the load and changes
+   nothing;
+3. a torn tail is copied to ``events.jsonl.torn-<offset>`` (and synced) **before** the log is cut
+   back to its last whole record;
+4. leftover processes of calls that had started are killed **before** their results are written;
+5. closers (see ``_tail``): results for dangling calls in model order, ``step/end``, ``turn/end``
+   ``{"kind": "interrupted"}``, each marked ``"synthetic": "repair"``; then ``session/repaired``;
+6. fsync, and release the lock before returning.
+
+Each step leaves a log that a later repair completes: if repair itself is killed half way, the next
+load sees a log that still does not balance (or a torn tail it has already saved, byte for byte
+the same) and carries on. A balanced log is left exactly as it is: ``load`` of it writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from andon.base import Clock, SessionError, SystemClock
+from andon.session._leftovers import Leftover, LeftoverPlan, find_leftovers, kill_leftovers
+from andon.session._lock import SessionLock
+from andon.session._reader import RecordStream, TornTail, log_path
+from andon.session._records import Record, SessionRepaired, encode_line
+from andon.session._tail import ClosingTexts, Tail, closing_data
+from andon.session._values import Interrupted
+
+__all__ = ["REPAIR_TEXTS", "LoadedSession", "RepairReport", "load", "repair"]
+
+REPAIR_TEXTS = ClosingTexts(
+    error_name="HarnessStopped",
+    unknown_message="the harness stopped while this tool call was running; its outcome is unknown",
+    unknown_content=(
+        "Error: the outcome of this tool call is unknown. The harness (andon) stopped while the "
+        "call was running, so it may have run fully, partly or not at all, and its output was "
+        "lost. Only read-only or idempotent operations may be retried as they are. For anything "
+        "with side effects (writing files, installing, deploying, sending), first check the real "
+        "state to see what happened, or ask the user. Do not retry blindly."
+    ),
+    not_started_message="the harness stopped before this tool call was sent to a worker",
+    not_started_content=(
+        "Error: this tool call never started. The harness (andon) stopped before the call was "
+        "sent to a worker, so it did not run and changed nothing. It may be retried if it is "
+        "still needed."
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RepairReport:
+    """What repair did, or (``dry_run``) would do.
+
+    ``closers`` are the records appended to close the log (results, ``step/end``, ``turn/end``);
+    ``summary`` is the ``session/repaired`` record after them. ``leftovers`` are the processes found
+    (and, unless ``dry_run``, killed). In a dry run the records carry the seq they would get.
+    """
+
+    dry_run: bool
+    torn: TornTail | None
+    torn_file: str | None
+    closers: tuple[Record, ...]
+    summary: Record | None
+    leftovers: tuple[Leftover, ...]
+    killed_leftovers: int
+
+    @property
+    def appended(self) -> tuple[Record, ...]:
+        """Every record repair appended (would append), in order."""
+        return (*self.closers, self.summary) if self.summary is not None else self.closers
+
+    @property
+    def repaired(self) -> bool:
+        """Whether the log needed repair (a torn tail, or anything left open)."""
+        return self.torn is not None or bool(self.closers)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSession:
+    """A cold session, repaired if it needed it.
+
+    ``events`` are all records, the appended ones included; ``repaired`` says whether anything was
+    done; ``closers`` are the closing records repair appended (before its ``session/repaired``).
+    """
+
+    events: list[Record]
+    repaired: bool
+    closers: tuple[Record, ...]
+    report: RepairReport
+
+
+@dataclass(slots=True)
+class _Outcome:
+    events: list[Record]
+    tail: Tail
+    report: RepairReport
+
+
+def _torn_target(log: Path, torn: TornTail, data: bytes) -> tuple[Path, bool]:
+    """Where to save a torn tail, and whether an earlier, interrupted repair already saved it."""
+    base = log.parent / f"{log.name}.torn-{torn.offset}"
+    candidate, n = base, 0
+    while candidate.exists():
+        with contextlib.suppress(OSError):
+            if candidate.read_bytes() == data:
+                return candidate, True
+        n += 1  # different bytes under the same name: never overwrite, pick the next name
+        candidate = base.with_name(f"{base.name}.{n}")
+    return candidate, False
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _save_torn_tail(log: Path, torn: TornTail) -> str:
+    """Copy the torn bytes beside the log, durably, then cut the log back. Returns the file name."""
+    with open(log, "rb") as f:
+        f.seek(torn.offset)
+        data = f.read()
+    target, saved = _torn_target(log, torn, data)
+    if not saved:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(log.parent)
+    # Only now that the bytes are safe elsewhere may the log lose them.
+    fd = os.open(log, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, torn.offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return target.name
+
+
+def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: bool) -> _Outcome:
+    """Read and (unless ``dry_run``) repair a session whose lock the caller holds."""
+    log = log_path(folder)
+    stream = RecordStream(log, label=str(folder))
+    tail = Tail()
+    events: list[Record] = []
+    for record in stream:
+        tail.feed(record)
+        if keep_events:
+            events.append(record)
+    torn = stream.torn
+
+    # Nothing to close in a log that has no complete record (a crash during the very first append):
+    # a session/repaired there would break "the first record is session/start".
+    closing = closing_data(tail, Interrupted(), REPAIR_TEXTS) if tail.next_seq else []
+    started = [(d.call_id, s) for d in tail.dangling() if d.called for s in d.started]
+    plan = find_leftovers(started) if started else LeftoverPlan()
+
+    if torn is None and not closing:
+        report = RepairReport(dry_run, None, None, (), None, (), 0)
+        return _Outcome(events, tail, report)
+
+    if dry_run:
+        torn_file = None if torn is None else f"{log.name}.torn-{torn.offset}"
+        killed = len(plan.processes)
+    else:
+        torn_file = None if torn is None else _save_torn_tail(log, torn)
+        killed = kill_leftovers(plan)
+
+    now = max(clock.time(), tail.last_time)
+    closers: list[Record] = []
+    summary: Record | None = None
+    seq = tail.next_seq
+    for data in closing:
+        closers.append(Record(seq, now, data, "repair"))
+        seq += 1
+    if tail.next_seq:
+        summary = Record(
+            seq,
+            now,
+            SessionRepaired(0 if torn is None else torn.length, torn_file, len(closers), killed),
+            "repair",
+        )
+    appended = [*closers, summary] if summary is not None else closers
+    if not dry_run and appended:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            for record in appended:
+                # One write per line, as the live writer does: a repair killed half way leaves
+                # whole records (or a torn last line the next load saves) and nothing worse.
+                _write_all(fd, encode_line(record))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for record in appended:
+        tail.feed(record)
+        if keep_events:
+            events.append(record)
+    report = RepairReport(dry_run, torn, torn_file, tuple(closers), summary, plan.processes, killed)
+    return _Outcome(events, tail, report)
+
+
+def _locked(session_dir: str | os.PathLike[str]) -> tuple[Path, SessionLock]:
+    folder = Path(session_dir)
+    if not folder.is_dir():
+        raise SessionError(f"{folder} is not a session folder", session=str(folder))
+    return folder, SessionLock.acquire(folder)
+
+
+def load(session_dir: str | os.PathLike[str], *, clock: Clock | None = None) -> LoadedSession:
+    """Cold-load a session, repairing it if its last process died without closing it.
+
+    Raises ``SessionLive`` (naming the holder's pid) if another process holds the session lock,
+    ``LogCorrupted`` for a bad line in the middle of the log and ``LogFormatUnsupported`` for a
+    log this version cannot read; in all three cases nothing on disk is changed. The lock is
+    released before returning. Loading a balanced log writes nothing.
+    """
+    folder, lock = _locked(session_dir)
+    try:
+        outcome = repair_locked(
+            folder, clock=clock or SystemClock(), dry_run=False, keep_events=True
+        )
+    finally:
+        lock.release()
+    report = outcome.report
+    return LoadedSession(outcome.events, report.repaired, report.closers, report)
+
+
+def repair(
+    session_dir: str | os.PathLike[str], *, dry_run: bool = False, clock: Clock | None = None
+) -> RepairReport:
+    """Repair a cold session and say what was appended (``andon repair``).
+
+    With ``dry_run=True`` nothing is written, moved or killed: the report lists the records that
+    would be appended (with the seq they would get) and the leftover processes that would be
+    killed. The lock is taken either way, so a live session is refused in both modes.
+    """
+    folder, lock = _locked(session_dir)
+    try:
+        outcome = repair_locked(
+            folder, clock=clock or SystemClock(), dry_run=dry_run, keep_events=False
+        )
+    finally:
+        lock.release()
+    return outcome.report

@@ -1,0 +1,223 @@
+"""What is open at the end of a log, and the records that close it.
+
+Two writers need this and must agree: crash repair (closing a cold log whose process died) and the
+live writer after a failed append (closing its own turn with ``LOG_WRITE_FAILED``). Both close in
+the same order, because the invariants demand it:
+
+1. every tool call of the open step that has no result gets one, **in model order** (the order of
+   the step's last ``assistant/message``, then any other ``tool/call`` in log order): a call whose
+   ``tool/call`` is on disk may have run, so its outcome is unknown; a call without one never
+   started (``tool/call`` is made durable before any tool body is dispatched);
+2. ``step/end`` — before ``turn/end``, since a ``turn/end`` with an open step breaks invariant 2;
+3. ``turn/end`` with the given reason.
+
+No assistant message is ever written here: a reply that was streaming when the process stopped is
+not reconstructed from its chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from andon.base import ErrorCode
+from andon.session._records import (
+    AssistantChunk,
+    AssistantMessage,
+    EventData,
+    InboxSpliced,
+    LlmRequest,
+    LlmRetry,
+    Record,
+    SessionRepaired,
+    SessionResumed,
+    SessionStart,
+    StepEnd,
+    StepStart,
+    ToolCall,
+    ToolResult,
+    ToolSignal,
+    ToolStarted,
+    TurnEnd,
+    TurnStart,
+    Unrecognized,
+    UserMessageEntered,
+)
+from andon.session._values import ToolCallBlock, ToolErrorInfo, TurnEndReason
+
+__all__ = ["ClosingTexts", "Dangling", "OpenStep", "Tail", "closing_data"]
+
+
+@dataclass(slots=True)
+class OpenStep:
+    """The open step and the tool calls that still owe a result."""
+
+    turn: int
+    step: int
+    requested: tuple[ToolCallBlock, ...] = ()
+    calls: dict[str, ToolCall] = field(default_factory=dict)
+    started: dict[str, list[ToolStarted]] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Dangling:
+    """A tool call of the open step without a result."""
+
+    call_id: str
+    name: str
+    called: bool
+    """Whether its ``tool/call`` is on disk (then it may have run: outcome unknown)."""
+    started: tuple[ToolStarted, ...]
+
+
+class Tail:
+    """An incremental fold that keeps only what closing a log needs: O(1) per record.
+
+    Deliberately forgiving: it follows what the records say even where they break an invariant
+    (``check`` is the strict reader); it must never refuse to close a log.
+    """
+
+    __slots__ = ("last_time", "last_turn", "next_seq", "open_turn", "step")
+
+    def __init__(self) -> None:
+        self.next_seq = 0
+        self.last_time = 0.0
+        self.last_turn = 0
+        self.open_turn: int | None = None
+        self.step: OpenStep | None = None
+
+    @property
+    def balanced(self) -> bool:
+        """No open turn and no open step."""
+        return self.open_turn is None and self.step is None
+
+    def feed(self, record: Record) -> None:
+        self.next_seq = record.seq + 1
+        self.last_time = record.time
+        step = self.step
+        match record.data:
+            case TurnStart(turn=turn):
+                self.open_turn = turn
+                self.last_turn = max(self.last_turn, turn)
+                self.step = None
+            case TurnEnd():
+                self.open_turn = None
+                self.step = None
+            case StepStart(turn=turn, step=number):
+                self.step = OpenStep(turn, number)
+            case StepEnd():
+                self.step = None
+            case AssistantMessage(message=reply, interrupted=interrupted):
+                # Only the step's last reply counts (records.md); an interrupted prefix asks for
+                # nothing, whatever it holds.
+                if step is not None and not interrupted:
+                    step.requested = reply.tool_calls
+            case ToolCall(call_id=call_id) as call:
+                if step is not None:
+                    step.calls[call_id] = call
+            case ToolStarted(call_id=call_id) as started:
+                if step is not None:
+                    step.started.setdefault(call_id, []).append(started)
+            case ToolResult(call_id=call_id):
+                if step is not None:
+                    step.answered.add(call_id)
+            case (
+                SessionStart()
+                | SessionResumed()
+                | SessionRepaired()
+                | InboxSpliced()
+                | UserMessageEntered()
+                | LlmRequest()
+                | LlmRetry()
+                | AssistantChunk()
+                | ToolSignal()
+                | Unrecognized()
+            ):
+                pass
+            case _:
+                assert_never(record.data)
+
+    def dangling(self) -> list[Dangling]:
+        """The open step's calls that owe a result, in model order."""
+        step = self.step
+        if step is None:
+            return []
+        out: list[Dangling] = []
+        seen: set[str] = set()
+        for block in step.requested:
+            if block.call_id in step.answered or block.call_id in seen:
+                continue
+            seen.add(block.call_id)
+            out.append(
+                Dangling(
+                    block.call_id,
+                    block.name,
+                    block.call_id in step.calls,
+                    tuple(step.started.get(block.call_id, ())),
+                )
+            )
+        # A tool/call the reply does not list (never written by andon, but possible in a log from
+        # elsewhere) still owes its result: invariant 5 holds for every tool/call.
+        for call_id, call in step.calls.items():
+            if call_id in step.answered or call_id in seen:
+                continue
+            seen.add(call_id)
+            out.append(Dangling(call_id, call.name, True, tuple(step.started.get(call_id, ()))))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClosingTexts:
+    """What a closing result tells the model, per case (crash repair and write failure differ)."""
+
+    error_name: str
+    unknown_message: str
+    unknown_content: str
+    not_started_message: str
+    not_started_content: str
+
+
+def closing_data(tail: Tail, reason: TurnEndReason, texts: ClosingTexts) -> list[EventData]:
+    """The records that close whatever ``tail`` has open, in the order the invariants require."""
+    out: list[EventData] = []
+    step = tail.step
+    if step is not None:
+        for d in tail.dangling():
+            if d.called:
+                out.append(
+                    ToolResult(
+                        step.turn,
+                        step.step,
+                        d.call_id,
+                        texts.unknown_content,
+                        True,
+                        0.0,
+                        error=ToolErrorInfo(
+                            texts.error_name,
+                            ErrorCode.TOOL_OUTCOME_UNKNOWN.value,
+                            texts.unknown_message,
+                        ),
+                    )
+                )
+            else:
+                out.append(
+                    ToolResult(
+                        step.turn,
+                        step.step,
+                        d.call_id,
+                        texts.not_started_content,
+                        True,
+                        0.0,
+                        error=ToolErrorInfo(
+                            texts.error_name,
+                            ErrorCode.TOOL_NOT_STARTED.value,
+                            texts.not_started_message,
+                        ),
+                        ended_by="not-run",
+                    )
+                )
+        out.append(StepEnd(step.turn, step.step))
+    if tail.open_turn is not None:
+        out.append(TurnEnd(tail.open_turn, reason))
+    return out

@@ -1,0 +1,251 @@
+"""The transcript a person reads (``andon log``): plain text, one pass over the log."""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Iterable, Mapping
+from typing import Any, assert_never
+
+from andon.base import ErrorCode
+from andon.session._records import (
+    AssistantChunk,
+    AssistantMessage,
+    InboxSpliced,
+    LlmRequest,
+    LlmRetry,
+    Record,
+    SessionRepaired,
+    SessionResumed,
+    SessionStart,
+    StepEnd,
+    StepStart,
+    ToolCall,
+    ToolResult,
+    ToolSignal,
+    ToolStarted,
+    TurnEnd,
+    TurnStart,
+    Unrecognized,
+    UserMessageEntered,
+    as_records,
+)
+from andon.session._values import describe_reason
+
+__all__ = ["render_transcript"]
+
+OUTPUT_LINES = 8
+_STOPPING = frozenset(
+    (
+        "interrupt",
+        "term",
+        "kill",
+        "timeout-interrupt",
+        "timeout-term",
+        "timeout-kill",
+        "worker-lost",
+    )
+)
+_STAGE_SIGNAL = {
+    "interrupt": "SIGINT",
+    "term": "SIGTERM",
+    "kill": "SIGKILL",
+    "sweep-term": "SIGTERM (sweep)",
+    "sweep-kill": "SIGKILL (sweep)",
+}
+
+
+def _clock(t: float) -> str:
+    return _time.strftime("%H:%M:%S", _time.gmtime(t))
+
+
+def _stamp(t: float) -> str:
+    return _time.strftime("%Y-%m-%d %H:%M:%S UTC", _time.gmtime(t))
+
+
+def _indent(text: str, prefix: str) -> list[str]:
+    return [prefix + line for line in (text.splitlines() or [""])]
+
+
+def _quote(text: str, limit: int = 80) -> str:
+    one = " ".join(text.split())
+    return repr(one if len(one) <= limit else one[: limit - 1] + "…")
+
+
+def _plural(n: int, word: str) -> str:
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
+
+
+class _Render:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.turn_time: dict[int, float] = {}
+        self.open_turn: int | None = None
+        self.open_step: tuple[int, int] | None = None
+        self.chunks = 0
+        self.replied = False
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    def feed(self, r: Record) -> None:
+        data = r.data
+        repair = " (written by crash repair)" if r.synthetic == "repair" else ""
+        match data:
+            case SessionStart():
+                self.add(
+                    f"session {data.session_id} · started {_stamp(data.created)} · model "
+                    f"{data.model.spec} · pid {data.pid} on {data.host}"
+                )
+                self.add(f"  cwd {data.cwd}")
+            case SessionResumed():
+                how = ", after crash repair" if data.repaired else ""
+                self.add("")
+                self.add(
+                    f"resumed {_stamp(r.time)} by pid {data.pid} on {data.host} (model "
+                    f"{data.model.spec}{how})"
+                )
+            case SessionRepaired():
+                parts = [f"{_plural(data.closers, 'closing record')} appended"]
+                if data.torn_bytes:
+                    parts.append(f"{data.torn_bytes} torn bytes moved to {data.torn_file}")
+                if data.killed_leftovers:
+                    parts.append(f"{_plural(data.killed_leftovers, 'leftover process')} killed")
+                self.add(f"session repaired after a crash: {'; '.join(parts)}")
+            case InboxSpliced():
+                self._splice(data)
+            case TurnStart(turn=turn):
+                self.turn_time[turn] = r.time
+                self.open_turn = turn
+                self.add("")
+                self.add(f"turn {turn} · {_clock(r.time)}")
+            case TurnEnd(turn=turn, reason=reason):
+                took = ""
+                started = self.turn_time.pop(turn, None)
+                if started is not None and not repair:  # repair ran long after the process died
+                    took = f" after {r.time - started:.2f}s"
+                self.add(f"  turn {turn} ended{took}: {describe_reason(reason)}{repair}")
+                self.open_turn = None
+            case StepStart(turn=turn, step=step):
+                self.open_step = (turn, step)
+                self.chunks, self.replied = 0, False
+                self.add(f"  step {step}")
+            case StepEnd():
+                if self.chunks and not self.replied:
+                    self.add(
+                        f"    (the reply was cut off: {_plural(self.chunks, 'chunk')} streamed, "
+                        "nothing kept)"
+                    )
+                self.open_step = None
+            case UserMessageEntered(message=message):
+                label = "user" if message.source == "user" else f"user ({message.source})"
+                self.lines.extend(_indent(message.content, f"    {label}: "))
+            case LlmRequest(attempt=attempt, model=model):
+                if attempt > 1:
+                    self.add(f"    model request, attempt {attempt} ({model})")
+            case LlmRetry(error=error, delay=delay, attempt=attempt):
+                code = error.get("code", "error")
+                self.add(
+                    f"    model request attempt {attempt} failed ({code}: "
+                    f"{error.get('message', '')}); retrying in {delay:.2f}s"
+                )
+            case AssistantChunk():
+                self.chunks += 1
+            case AssistantMessage():
+                self._reply(data)
+            case ToolCall(call_id=call_id, name=name, arguments=arguments):
+                self.add(f"    tool {call_id} {name} {arguments}")
+            case ToolStarted(pid=pid, worker=worker, host=host):
+                self.add(f"      running: pid {pid} on {host} (worker {worker})")
+            case ToolSignal(stage=stage, at=at, targets=targets):
+                signame = _STAGE_SIGNAL.get(stage, stage)
+                self.add(f"      {signame} at +{at:.2f}s to {_plural(targets, 'process')}")
+            case ToolResult():
+                self._result(data, repair)
+            case Unrecognized(record_type=record_type):
+                self.add(f"    ({record_type}: a record of a newer andon, skipped)")
+            case _:
+                assert_never(data)
+
+    def _splice(self, data: InboxSpliced) -> None:
+        if data.outcome == "canceled":
+            self.add(
+                f"  queued work discarded unrun: {_plural(data.removed, 'message')} from "
+                f"{data.target}"
+            )
+            return
+        if data.inserted and not data.removed:
+            for message in data.inserted:
+                self.add(f"  queued ({data.target}, {message.source}): {_quote(message.content)}")
+        elif data.removed and not data.inserted and self.open_turn is None:
+            self.add(f"  {_plural(data.removed, 'queued message')} removed from {data.target}")
+        elif data.removed and data.inserted:
+            self.add(f"  {_plural(data.removed, 'queued message')} replaced in {data.target}")
+
+    def _reply(self, data: AssistantMessage) -> None:
+        self.replied = True
+        mark = " [interrupted]" if data.interrupted else ""
+        reasoning = data.message.reasoning
+        if reasoning:
+            self.lines.extend(_indent(reasoning, f"    thinking{mark}: "))
+        text = data.message.text
+        if text:
+            self.lines.extend(_indent(text, f"    assistant{mark}: "))
+        if not text and not reasoning and not data.message.tool_calls:
+            self.add(f"    assistant{mark}: (no text)")
+        if data.finish == "length":
+            dropped = data.dropped_tool_calls or 0
+            note = f"; {_plural(dropped, 'tool call')} dropped" if dropped else ""
+            self.add(f"    (the reply hit the output limit{note})")
+
+    def _result(self, data: ToolResult, repair: str) -> None:
+        parts: list[str] = []
+        if data.exit is not None:
+            if data.exit.signal is not None:
+                parts.append(f"signal {data.exit.signal}")
+            else:
+                parts.append(f"exit {data.exit.code}")
+        code = data.error.code if data.error is not None else None
+        if code not in (ErrorCode.TOOL_OUTCOME_UNKNOWN, ErrorCode.TOOL_NOT_STARTED):
+            parts.append(f"after {data.duration:.2f}s")  # repair results never saw the call end
+        stopped = data.ended_by in _STOPPING or code in (ErrorCode.ABORTED, ErrorCode.TOOL_TIMEOUT)
+        head = "[stopped] " if stopped else ""
+        if data.ended_by is not None and data.ended_by != "exit":
+            parts.append(f"ended by {data.ended_by}")
+        if data.strays_killed:
+            parts.append(f"{_plural(data.strays_killed, 'stray')} killed")
+        status = "error" if data.is_error else "ok"
+        line = f"      {head}result {data.call_id}: {', '.join([status, *parts])}"
+        if data.error is not None:
+            line += f" · {data.error.code}: {data.error.message}"
+        self.add(line + repair)
+        out = data.content.splitlines()
+        for text in out[:OUTPUT_LINES]:
+            self.add(f"      | {text}")
+        if len(out) > OUTPUT_LINES:
+            self.add(f"      | … {_plural(len(out) - OUTPUT_LINES, 'more line')}")
+        if data.output_file is not None:
+            size = f" ({data.output_bytes} bytes)" if data.output_bytes is not None else ""
+            self.add(f"      full output: {data.output_file}{size}")
+
+    def finish(self) -> str:
+        if self.open_turn is not None:
+            self.add(
+                f"  turn {self.open_turn} is still open: the session is running, or its process "
+                "died and the next load repairs it"
+            )
+        return "\n".join(self.lines) + "\n"
+
+
+def render_transcript(events: Iterable[Record | Mapping[str, Any]]) -> str:
+    """The transcript of a log as a person reads it (``andon log``).
+
+    Turns and steps, user messages, the assistant's text (and reasoning), tool calls with their
+    exit status and duration, ``[stopped]`` markers, how each turn ended, and queued work that a
+    cancel discarded unrun. Plain text; one pass.
+    """
+    render = _Render()
+    for record in as_records(events):
+        render.feed(record)
+    return render.finish()

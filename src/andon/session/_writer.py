@@ -1,0 +1,457 @@
+"""The log writer: one live process appends, durably, and never leaves a bad line behind.
+
+Written vs synced (session-log.md, Durability):
+
+* **Written.** ``append`` is one synchronous ``write`` of a whole line to a file opened
+  ``O_APPEND``: never buffered in user space, so once it returns the kernel has the record and a
+  kill -9 of this process cannot lose it. That is what lets ``followup()`` and ``cancel()`` be
+  synchronous and still survive a process crash.
+* **Synced.** ``fsync`` (surviving a machine crash) runs in one background thread. ``barrier()``
+  awaits the sync that covers everything written before it was called; barriers that arrive while a
+  sync runs share the next one, so a burst of them costs one or two fsyncs, not one each.
+
+Durability modes: ``"barrier"`` (default: sync when a barrier asks), ``"every-record"`` (each
+append syncs before returning) and ``"none"`` (never; benchmarks only).
+
+A failed append (ENOSPC, EIO, EFBIG ...) is never ignored: the file is cut back to the end of the
+last whole record (a short write must not leave half a line that later records would turn into
+corruption), the open step and turn are closed once with ``LOG_WRITE_FAILED`` (if the disk allows),
+and every later append raises ``LogWriteFailed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, TypeAlias
+
+from andon.base import Clock, ErrorCode, LogWriteFailed, SessionError, SystemClock
+from andon.session._lock import SessionLock
+from andon.session._reader import LOG_NAME
+from andon.session._records import EventData, Record, SessionStart, Unrecognized, encode_line
+from andon.session._repair import LoadedSession, RepairReport, repair_locked
+from andon.session._tail import ClosingTexts, Tail, closing_data
+from andon.session._values import TurnFailed
+
+__all__ = ["Durability", "FsyncFn", "SessionLog", "WriteFn"]
+
+Durability: TypeAlias = Literal["barrier", "every-record", "none"]
+_DURABILITIES = ("barrier", "every-record", "none")
+
+WriteFn: TypeAlias = Callable[[int, bytes], int]
+"""The file seam: ``write(fd, data) -> bytes written`` (``os.write``); tests inject faults here."""
+FsyncFn: TypeAlias = Callable[[int], None]
+"""``fsync(fd)`` (``os.fsync``)."""
+
+WRITE_FAILURE_TEXTS = ClosingTexts(
+    error_name="LogWriteFailed",
+    unknown_message="the session log could not be written, so this call's outcome was not recorded",
+    unknown_content=(
+        "Error: the outcome of this tool call is unknown. andon could not write its session log "
+        "while the call was pending, so the call may have run fully, partly or not at all, and "
+        "its result was not recorded. Only read-only or idempotent operations may be retried as "
+        "they are. For anything with side effects, first check the real state to see what "
+        "happened, or ask the user. Do not retry blindly."
+    ),
+    not_started_message="the session log could not be written, so this call was not started",
+    not_started_content=(
+        "Error: this tool call never started. andon could not write its session log, and a call "
+        "is only started once its tool/call is on disk, so it did not run and changed nothing. "
+        "It may be retried if it is still needed."
+    ),
+)
+
+
+class _Syncer:
+    """The one background thread that fsyncs the log, batching every request made meanwhile.
+
+    Progress is counted in appended lines: ``written`` is set by the appending thread after each
+    write returns; a sync started after reading ``written == n`` covers the first ``n`` lines.
+    """
+
+    def __init__(self, fd: int, fsync: FsyncFn, name: str) -> None:
+        self._fd = fd
+        self._fsync = fsync
+        self._name = name
+        self._cond = threading.Condition()
+        self.written = 0
+        self._requested = 0
+        self._synced = 0
+        self._error: OSError | None = None
+        self._stopping = False
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._thread: threading.Thread | None = None
+
+    async def wait(self, target: int) -> None:
+        """Return once the first ``target`` lines are synced; raise the sync's ``OSError``."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if self._synced >= target:
+                return
+            if self._stopping:
+                raise RuntimeError("the session log is closed")
+            self._waiters.append((target, loop, fut))
+            self._requested = max(self._requested, target)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        await fut
+
+    def stop(self) -> None:
+        """Finish the syncs already asked for, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and self._requested <= self._synced:
+                    self._cond.wait()
+                if self._requested <= self._synced:
+                    return  # stopping and nothing owed
+                target = self.written  # >= every request made so far
+            error: OSError | None = None
+            try:
+                self._fsync(self._fd)
+            except OSError as exc:
+                error = exc
+            with self._cond:
+                if error is not None:
+                    self._error = error
+                    done, self._waiters = self._waiters, []
+                else:
+                    self._synced = max(self._synced, target)
+                    done = [w for w in self._waiters if w[0] <= self._synced]
+                    self._waiters = [w for w in self._waiters if w[0] > self._synced]
+            for _, loop, fut in done:
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                    loop.call_soon_threadsafe(_settle, fut, error)
+            if error is not None:
+                return
+
+
+def _settle(fut: asyncio.Future[None], error: OSError | None) -> None:
+    if fut.done():  # the waiter was cancelled
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
+
+
+class SessionLog:
+    """The append side of a session: holds the session lock from :meth:`open` to :meth:`close`.
+
+    Appends are synchronous and assign ``seq`` and ``time``; call them from one thread at a time
+    (the agent's event loop). The writer follows the open turn and step so that it can close them
+    itself if the disk fails.
+    """
+
+    def __init__(
+        self,
+        *,
+        folder: Path,
+        lock: SessionLock,
+        fd: int,
+        tail: Tail,
+        end: int,
+        durability: Durability,
+        clock: Clock,
+        write: WriteFn,
+        fsync: FsyncFn,
+        loaded: LoadedSession,
+    ) -> None:
+        self.session_dir = folder
+        self.path = folder / LOG_NAME
+        self.durability: Durability = durability
+        self.loaded = loaded
+        self._lock = lock
+        self._fd = fd
+        self._tail = tail
+        self._end = end  # byte offset just past the last whole record: where a failure cuts back to
+        self._clock = clock
+        self._write = write
+        self._fsync = fsync
+        self._mutex = threading.RLock()
+        self._failure: OSError | None = None
+        self._closed = False
+        self._syncer = _Syncer(fd, fsync, f"andon-fsync-{folder.name}")
+
+    @classmethod
+    def open(
+        cls,
+        session_dir: str | os.PathLike[str],
+        *,
+        durability: Durability = "barrier",
+        clock: Clock | None = None,
+        write: WriteFn = os.write,
+        fsync: FsyncFn = os.fsync,
+    ) -> SessionLog:
+        """Take the session lock and open the log for appending (creating folder and log).
+
+        The folder is created 0700 and the log 0600. An existing log is loaded, and repaired if
+        its last process died, under this same lock (nobody can slip in between); what was there
+        is in :attr:`loaded`. Raises ``SessionLive`` if another process holds the lock, and
+        ``LogCorrupted`` / ``LogFormatUnsupported`` for a log that cannot be continued.
+        """
+        if durability not in _DURABILITIES:
+            raise ValueError(f"durability must be one of {', '.join(_DURABILITIES)}")
+        clock = clock or SystemClock()
+        folder = Path(session_dir)
+        if not folder.exists():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
+                os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
+        lock = SessionLock.acquire(folder)
+        try:
+            path = folder / LOG_NAME
+            if path.exists() and path.stat().st_size > 0:
+                outcome = repair_locked(folder, clock=clock, dry_run=False, keep_events=True)
+                tail, report = outcome.tail, outcome.report
+                loaded = LoadedSession(outcome.events, report.repaired, report.closers, report)
+            else:
+                tail = Tail()
+                empty = RepairReport(False, None, None, (), None, (), 0)
+                loaded = LoadedSession([], False, (), empty)
+            created = not path.exists()
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                if created:
+                    os.fchmod(fd, 0o600)
+                if created and durability != "none":
+                    # The new name must survive a machine crash too, not only its contents.
+                    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    try:
+                        fsync(dir_fd)
+                    finally:
+                        os.close(dir_fd)
+                end = os.fstat(fd).st_size
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            lock.release()
+            raise
+        return cls(
+            folder=folder,
+            lock=lock,
+            fd=fd,
+            tail=tail,
+            end=end,
+            durability=durability,
+            clock=clock,
+            write=write,
+            fsync=fsync,
+            loaded=loaded,
+        )
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next append gets."""
+        return self._tail.next_seq
+
+    @property
+    def last_turn(self) -> int:
+        """The highest turn number started so far (0 before the first turn)."""
+        return self._tail.last_turn
+
+    @property
+    def open_turn(self) -> int | None:
+        return self._tail.open_turn
+
+    @property
+    def open_step(self) -> tuple[int, int] | None:
+        """``(turn, step)`` of the open step, if any."""
+        step = self._tail.step
+        return None if step is None else (step.turn, step.step)
+
+    @property
+    def failed(self) -> bool:
+        """Whether an append or sync failed; every later append raises ``LogWriteFailed``."""
+        return self._failure is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- appending --------------------------------------------------------------------------
+
+    def append(self, data: EventData, *, ignorable: bool = False) -> Record:
+        """Append one record and return it (with its seq and time) once the kernel has it.
+
+        Raises ``LogWriteFailed`` if the write fails (or an earlier one did) and ``ValueError``
+        for a record that cannot be written (NaN, invalid text; nothing is written then).
+        """
+        with self._mutex:
+            if self._failure is not None:
+                raise self._refusal() from self._failure
+            if self._closed:
+                raise SessionError("the session log is closed", session=str(self.session_dir))
+            seq = self._tail.next_seq
+            if seq == 0 and not isinstance(data, SessionStart):
+                raise ValueError("the first record of a session must be session/start")
+            if isinstance(data, Unrecognized) and not ignorable:
+                raise ValueError("a record of an unknown type can only be written as ignorable")
+            record = Record(seq, self._clock.time(), data, None, ignorable)
+            line = encode_line(record)
+            try:
+                self._write_line(line)
+            except OSError as exc:
+                self._fail(exc, cut=True)
+                raise self._refusal() from exc
+            self._committed(record, len(line))
+            if self.durability == "every-record":
+                try:
+                    self._fsync(self._fd)
+                except OSError as exc:
+                    self._fail(exc, cut=False)
+                    raise self._refusal() from exc
+            return record
+
+    def _write_line(self, line: bytes) -> None:
+        # Normally exactly one write. A short write only happens at a limit (disk full, file size
+        # limit); writing the rest then either completes the line or raises the real error.
+        written = self._write(self._fd, line)
+        while written < len(line):
+            if written <= 0:
+                raise OSError(5, "the write made no progress")  # EIO
+            written += self._write(self._fd, line[written:])
+
+    def _committed(self, record: Record, size: int) -> None:
+        self._end += size
+        self._tail.feed(record)
+        self._syncer.written += 1
+
+    def _fail(self, exc: OSError, *, cut: bool) -> None:
+        """Record the failure, cut off any partial line, and close the open step and turn once."""
+        if self._failure is not None:
+            return
+        self._failure = exc
+        if cut:
+            try:
+                os.ftruncate(self._fd, self._end)
+            except OSError:
+                # Cannot remove the partial line: appending closers after it would turn a torn
+                # tail (which load repairs) into corruption (which load refuses). Stop here.
+                return
+        reason = TurnFailed(
+            f"writing the session log failed: {exc.strerror or exc}",
+            ErrorCode.LOG_WRITE_FAILED.value,
+        )
+        for data in closing_data(self._tail, reason, WRITE_FAILURE_TEXTS):
+            record = Record(self._tail.next_seq, self._clock.time(), data)
+            line = encode_line(record)
+            try:
+                self._write_line(line)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._end)
+                return  # tried once; crash repair closes the rest on the next load
+            self._committed(record, len(line))
+        if self.durability != "none":
+            with contextlib.suppress(OSError):
+                self._fsync(self._fd)
+
+    def _refusal(self) -> LogWriteFailed:
+        exc = self._failure
+        assert exc is not None
+        return LogWriteFailed(
+            f"writing the session log {self.path} failed ({exc.strerror or exc}); andon stopped "
+            "writing to it and closed the open turn where it could. Free space or fix the disk, "
+            "then resume the session: the log loads, and repair closes whatever is still open.",
+            session=str(self.session_dir),
+            errno=exc.errno,
+        )
+
+    # --- syncing ----------------------------------------------------------------------------
+
+    async def barrier(self) -> None:
+        """Return once everything appended so far is synced to disk (``"barrier"`` mode).
+
+        In ``"every-record"`` mode everything already is; in ``"none"`` mode nothing is waited
+        for. Raises ``LogWriteFailed`` if the sync (or an earlier append) failed.
+        """
+        if self._failure is not None:
+            raise self._refusal() from self._failure
+        if self.durability != "barrier" or self._closed:
+            return
+        try:
+            await self._syncer.wait(self._syncer.written)
+        except OSError as exc:
+            with self._mutex:
+                self._fail(exc, cut=False)
+            raise self._refusal() from exc
+
+    def close(self) -> None:
+        """Sync (unless ``"none"``), stop the sync thread, close the file and release the lock.
+
+        Idempotent. Raises ``LogWriteFailed`` if the final sync fails (everything is closed
+        anyway).
+        """
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+        error: OSError | None = None
+        try:
+            self._syncer.stop()
+            if self.durability != "none" and self._failure is None:
+                try:
+                    self._fsync(self._fd)
+                except OSError as exc:
+                    error = exc
+                    self._failure = exc
+        finally:
+            os.close(self._fd)
+            self._lock.release()
+        if error is not None:
+            raise self._refusal() from error
+
+    async def aclose(self) -> None:
+        """Close without blocking the event loop on the final sync (it runs in the sync thread)."""
+        if not self._closed and self._failure is None:
+            with contextlib.suppress(LogWriteFailed):
+                await self.barrier()
+        self.close()
+
+    def __enter__(self) -> SessionLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SessionLog:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._failure else "closed" if self._closed else "open"
+        return f"<SessionLog {self.path} {state} next_seq={self.next_seq}>"
