@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from andon import __version__
-from andon.base import AndonError, LogCorrupted, LogFormatUnsupported, SessionError, SessionLive
+from andon.base import AndonError, LogCorrupted, LogFormatUnsupported, SessionLive
 
 __all__ = ["main"]
 
@@ -155,9 +155,8 @@ def _repair(folder: Path, *, dry_run: bool) -> int:
         return EXIT_OK
     if report.torn is not None:
         where = report.torn_file or "a .torn file"
-        print(
-            f"torn tail of {report.torn.length} bytes {'would be ' if dry_run else ''}moved to {where}"
-        )
+        moved = "would be moved" if dry_run else "moved"
+        print(f"torn tail of {report.torn.length} bytes {moved} to {where}")
     for record in report.appended:
         print(f"{verb}: {json.dumps(record.to_dict(), ensure_ascii=False)}")
     if report.leftovers:
