@@ -17,8 +17,16 @@ _EXPORTS: dict[str, str] = {
     "AbortSignal": "andon.base",
     "AndonError": "andon.base",
     "GracePolicy": "andon.base",
+    "Agent": "andon.supervisor",
+    "WorkerPoolConfig": "andon.supervisor",
+    "open_agent": "andon.supervisor",
+    "tool": "andon.workers",
     "cancel": "andon.cancel",
     "errors": "andon.errors",
+    "hooks": "andon.hooks",
+    "tools": "andon.tools",
+    "session": "andon.session",
+    "llm": "andon.llm",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

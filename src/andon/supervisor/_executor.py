@@ -55,8 +55,8 @@ class ToolCallRequest:
 class ExecutionObserver:
     """Callbacks for the live events of a call (the agent writes them to the log)."""
 
-    def on_started(self, started: Started) -> None:
-        """The worker reports the tool's process exists (``tool/started``)."""
+    def on_started(self, started: Started, worker: str) -> None:
+        """Worker ``worker`` reports the tool's process exists (``tool/started``)."""
 
     def on_signal(self, call_id: str, stage: str, at: float, targets: int) -> None:
         """A grace stage or sweep signal was sent (``tool/signal``)."""
@@ -287,7 +287,7 @@ class _RunningCall:
         match item:
             case Started():
                 self.started = item
-                self.observer.on_started(item)
+                self.observer.on_started(item, self.lease.worker_id)
             case Output():
                 self.spill.add(item.data)
                 self.observer.on_output(item.call_id, item.data)

@@ -1,0 +1,403 @@
+"""The Agent: phases, the durable inbox, cancel, the wake latch, and live events.
+
+Phases (agent-loop.md)::
+
+    idle        {last_turn}
+    maintenance {controller, last_turn, wake_requested}
+    running     {controller, turn, step, wake_requested}
+
+Every non-idle phase owns exactly one controller; each turn gets a fresh one, installed before
+``turn/start``, so a timer or hook holding an old turn's signal can never cancel a later turn.
+
+**The wake latch.** ``cancel(keep_inbox=True)`` returns at once while the driver is still
+unwinding. A waking send in that window sets ``wake_requested``; the driver, in its ``finally``,
+after the phase is back to idle, replays the wake synchronously if the inbox still has work. So
+``turn/end N`` always precedes the replayed ``turn/start N+1``, and ``when_idle()`` (which waits
+for idle *and* no pending replay) never returns in the gap. Do not "fix" this by setting the phase
+to idle inside ``cancel()``: two drivers would overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from andon.base import (
+    AbortController,
+    AgentClosed,
+    Cause,
+    Clock,
+    Disposed,
+    LogWriteFailed,
+    SystemClock,
+    message_id,
+)
+from andon.llm import Model
+from andon.session import (
+    Completed,
+    MaxTokens,
+    Record,
+    SessionLog,
+    TurnStart,
+    UserMessage,
+    history,
+    iter_records,
+)
+from andon.supervisor._executor import ToolExecutor
+from andon.supervisor._hooks import (
+    HookSpec,
+    OnRequestError,
+    TurnBudget,
+    TurnStopping,
+)
+from andon.supervisor._inbox import Inbox, Target
+from andon.supervisor._turn import run_turn
+from andon.workers import ToolRegistry
+
+__all__ = ["Agent", "Status"]
+
+_log = logging.getLogger("andon.agent")
+
+Status = Literal["idle", "running"]
+
+
+@dataclass
+class _Idle:
+    last_turn: int
+
+
+@dataclass
+class _Maintenance:
+    controller: AbortController
+    last_turn: int
+    wake_requested: bool = False
+
+
+@dataclass
+class _Running:
+    controller: AbortController
+    turn: int
+    step: int = 0
+    wake_requested: bool = False
+
+
+_Phase = _Idle | _Maintenance | _Running
+
+
+@dataclass
+class _Subscriber:
+    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+
+
+class Agent:
+    """An agent loop over one session. Create it with :func:`andon.open_agent`."""
+
+    def __init__(
+        self,
+        *,
+        log: SessionLog,
+        model: Model,
+        executor: ToolExecutor,
+        registry: ToolRegistry,
+        records: Sequence[Record],
+        system_prompt: str,
+        cwd: str,
+        hooks: Sequence[HookSpec] = (),
+        max_parallel: int = 4,
+        clock: Clock | None = None,
+        next_turn: Sequence[UserMessage] = (),
+        next_step: Sequence[UserMessage] = (),
+    ) -> None:
+        for hook in hooks:
+            if isinstance(hook, OnRequestError):
+                raise NotImplementedError(
+                    "OnRequestError hooks are not supported yet; the model adapter's own retry "
+                    "policy applies (llm.md)"
+                )
+            if isinstance(hook, TurnBudget):
+                raise NotImplementedError("TurnBudget is not built yet")
+        self._logfile = log
+        self._model = model
+        self._model_name = model.info.name
+        self._executor = executor
+        self._registry = registry
+        self._system_prompt = system_prompt
+        self._cwd = cwd
+        self._hooks = tuple(hooks)
+        self._max_parallel = max_parallel
+        self._clock = clock or SystemClock()
+        # The model-visible part of the log (chunks excluded), for building requests.
+        self._records: list[Record] = [r for r in records if r.type != "assistant/chunk"]
+        self._inbox = Inbox(self._write, next_turn, next_step)
+        self._phase: _Phase = _Idle(log.last_turn)
+        self._status: Status = "idle"
+        self._changed = asyncio.Event()
+        self._driver: asyncio.Task[None] | None = None
+        self._closing = False
+        self._failure: LogWriteFailed | None = None
+        self._subscribers: list[_Subscriber] = []
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self.turns_run = 0
+        self.tool_calls = 0
+
+    # -- public API --------------------------------------------------------------------------
+
+    @property
+    def status(self) -> Status:
+        """``"running"`` only while a turn runs; idle and maintenance both read ``"idle"``."""
+        return "running" if isinstance(self._phase, _Running) else "idle"
+
+    @property
+    def session_dir(self) -> str:
+        return str(self._logfile.path.parent)
+
+    def followup(self, text: str) -> str:
+        """Queue ``text`` as its own later turn, and wake the agent."""
+        return self._send(text, "next-turn", wakes=True, source="user")
+
+    def steer(self, text: str) -> str:
+        """Queue ``text`` for the next step of the running turn, and wake the agent."""
+        return self._send(text, "next-step", wakes=True, source="steer")
+
+    def inject(self, text: str) -> str:
+        """Queue ``text`` for the next step; never wakes the agent."""
+        return self._send(text, "next-step", wakes=False, source="inject")
+
+    def cancel(self, cause: Cause, *, keep_inbox: bool = False, force: bool = False) -> None:
+        """Cancel the running turn (synchronous; never awaits). The first cause wins.
+
+        Without ``keep_inbox`` the inbox is cleared durably (and the wake latch dropped), also
+        while idle. ``force`` also skips the rest of the grace period of in-flight tool calls.
+        """
+        if not keep_inbox:
+            if self._failure is None:
+                self._inbox.clear()
+            if not isinstance(self._phase, _Idle):
+                self._phase.wake_requested = False
+        if isinstance(self._phase, _Idle):
+            return  # an idle cancel arms nothing for future work
+        self._phase.controller.abort(cause)
+        if force and isinstance(self._phase, _Running):
+            self._executor.force()
+
+    async def when_idle(self) -> None:
+        """Return once the agent is idle with no replay pending; raise a log write failure."""
+        while not isinstance(self._phase, _Idle):
+            await self._wait_changed()
+        if self._failure is not None:
+            raise self._failure
+
+    async def events(self, since_seq: int | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every log record as written (plus live-only events without ``seq``).
+
+        From subscription on, or from ``since_seq`` (older records are read from the log file).
+        One unbounded queue per subscriber; ends when the agent is closed.
+        """
+        sub = _Subscriber()
+        self._subscribers.append(sub)
+        try:
+            last = -1
+            if since_seq is not None:
+                for record in iter_records(self._logfile.path.parent):
+                    if record.seq >= since_seq:
+                        last = record.seq
+                        yield record.to_dict()
+            while True:
+                item = await sub.queue.get()
+                if item is None:
+                    return
+                seq = item.get("seq")
+                if isinstance(seq, int) and seq <= last:
+                    continue
+                yield item
+        finally:
+            self._subscribers.remove(sub)
+
+    # -- sends and waking --------------------------------------------------------------------
+
+    def _send(self, text: str, target: Target, *, wakes: bool, source: str) -> str:
+        if self._closing:
+            raise AgentClosed()
+        if self._failure is not None:
+            raise self._failure
+        if not isinstance(text, str):
+            raise TypeError("a message is a string")
+        message = UserMessage(message_id(), text, source)  # type: ignore[arg-type]
+        phase = self._phase
+        waking_after_abort = (
+            wakes and not isinstance(phase, _Idle) and phase.controller.signal.aborted
+        )
+        if waking_after_abort:
+            target = "next-turn"  # a steer after a cancel becomes a follow-up
+        self._inbox.insert(target, message)
+        if wakes:
+            self._wake(latch=waking_after_abort)
+        return message.id
+
+    def _wake(self, *, latch: bool) -> None:
+        phase = self._phase
+        if isinstance(phase, _Idle):
+            self._start_driver()
+        elif latch or isinstance(phase, _Maintenance):
+            reason = phase.controller.signal.reason
+            if not isinstance(reason, Disposed):  # a disposed agent never replays
+                phase.wake_requested = True
+        # running and not aborted: the driver sees the inbox at its next boundary
+
+    def _start_driver(self) -> None:
+        """Switch to running synchronously: when this returns, turn/start and the claim are
+        already in the log (ordering is then deterministic and testable)."""
+        assert isinstance(self._phase, _Idle)
+        started = self._begin_turn(self._phase.last_turn + 1)
+        if started is None:
+            return
+        self._driver = asyncio.get_running_loop().create_task(self._drive(*started))
+
+    def _begin_turn(self, turn: int) -> tuple[int, AbortController, list[UserMessage]] | None:
+        controller = AbortController()  # one per turn, installed before turn/start
+        self._phase = _Running(controller, turn)
+        self._set_status()
+        try:
+            self._write(TurnStart(turn))
+            claimed = self._inbox.claim_first_step()
+        except LogWriteFailed:
+            self._phase = _Idle(turn - 1)
+            self._set_status()
+            return None
+        return turn, controller, claimed
+
+    async def _drive(
+        self, turn: int, controller: AbortController, claimed: list[UserMessage]
+    ) -> None:
+        """Drain turns: queued turns run only after completed or max-tokens turns."""
+        try:
+            while True:
+                reason = await run_turn(self, turn, controller, claimed)
+                self.turns_run += 1
+                try:
+                    await self._barrier()  # every turn/end is durable
+                except LogWriteFailed:
+                    break
+                if not isinstance(reason, Completed | MaxTokens) or self._closing:
+                    break  # after blocked, error or aborted turns, pending work stays parked
+                if not self._inbox.next_turn:
+                    break
+                started = self._begin_turn(turn + 1)
+                if started is None:
+                    break
+                turn, controller, claimed = started
+        except LogWriteFailed:
+            pass  # recorded in self._failure; the agent goes idle and says so
+        finally:
+            phase = self._phase
+            replay = isinstance(phase, _Running) and phase.wake_requested
+            last = phase.turn if isinstance(phase, _Running) else turn
+            self._phase = _Idle(last)
+            self._driver = None
+            # The replay is decided here, synchronously, after the phase is back to idle.
+            if replay and self._inbox.has_work and not self._closing and self._failure is None:
+                self._start_driver()
+            self._set_status()
+
+    # -- what the turn driver calls ----------------------------------------------------------
+
+    def _write(self, data: Any) -> Record:
+        try:
+            record = self._logfile.append(data)
+        except LogWriteFailed as e:
+            if self._failure is None:
+                self._failure = e
+                self._publish_live(
+                    {
+                        "type": "agent/error",
+                        "error": {"code": "LOG_WRITE_FAILED", "message": str(e)},
+                    }
+                )
+            raise
+        if record.type != "assistant/chunk":
+            self._records.append(record)
+        if record.type == "tool/call":
+            self.tool_calls += 1
+        if self._subscribers:
+            self._publish(record.to_dict())
+        return record
+
+    async def _barrier(self) -> None:
+        try:
+            await self._logfile.barrier()
+        except LogWriteFailed as e:
+            if self._failure is None:
+                self._failure = e
+            raise
+
+    async def _assemble_prompt(self, signal: Any) -> None:
+        """Prompt assembly (a checkpoint; the system prompt is static in this version)."""
+        return None
+
+    def _request_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": self._system_prompt}, *history(self._records)]
+
+    def _tool_schemas(self) -> list[dict[str, Any]]:
+        return self._registry.openai_schemas()
+
+    async def _turn_stopping(self, turn: int, signal: Any) -> None:
+        for hook in self._hooks:
+            if isinstance(hook, TurnStopping):
+                await hook.fn(turn, signal=signal)
+
+    def _on_step(self, turn: int, step: int) -> None:
+        if isinstance(self._phase, _Running):
+            self._phase.step = step
+
+    def _add_usage(self, usage: dict[str, Any] | None) -> None:
+        if usage:
+            for key in self.usage:
+                value = usage.get(key)
+                if isinstance(value, int):
+                    self.usage[key] += value
+
+    def _report_error(self, error: BaseException) -> None:
+        _log.error("turn failed: %s: %s", type(error).__name__, error)
+        self._publish_live(
+            {
+                "type": "agent/error",
+                "error": {"code": "INTERNAL", "message": f"{type(error).__name__}: {error}"},
+            }
+        )
+
+    # -- status and subscribers --------------------------------------------------------------
+
+    def _set_status(self) -> None:
+        new: Status = self.status
+        if new != self._status:
+            self._status = new
+            self._publish_live({"type": "agent/status", "status": new})
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def _publish(self, item: dict[str, Any]) -> None:
+        for sub in self._subscribers:
+            sub.queue.put_nowait(item)
+
+    def _publish_live(self, item: dict[str, Any]) -> None:
+        if self._subscribers:
+            self._publish(item)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Dispose: cancel with ``Disposed``, wait until idle. Sends after this raise."""
+        if self._closing:
+            return
+        self.cancel(Disposed(), keep_inbox=True)
+        self._closing = True
+        while not isinstance(self._phase, _Idle):
+            await self._wait_changed()
+        for sub in self._subscribers:
+            sub.queue.put_nowait(None)

@@ -1,0 +1,138 @@
+"""``andon.open_agent``: wire a session log, a worker pool, the executor and a model into an
+Agent, and take it all down again (leaving no process behind) when the block ends."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import andon
+from andon.base import Clock, GracePolicy, SystemClock, session_id
+from andon.llm import Model
+from andon.session import (
+    FORMAT_VERSION,
+    ModelInfo,
+    SessionLog,
+    SessionResumed,
+    SessionStart,
+    fold_state,
+)
+from andon.supervisor._agent import Agent
+from andon.supervisor._executor import ToolExecutor
+from andon.supervisor._hooks import HookSpec
+from andon.supervisor._pool import WorkerPool, WorkerPoolConfig
+from andon.workers import ToolRegistry, default
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "SECRET_ENV", "open_agent"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful software agent working in a developer's or a CI machine's working "
+    "directory. Use the tools to inspect files and run commands; prefer small, verifiable steps; "
+    "report what you did and what you observed. A tool result may say a call was stopped, timed "
+    "out, or that its outcome is unknown after a crash: do not assume it succeeded, and never "
+    "retry a call with side effects blindly."
+)
+
+# Model API keys never reach a tool's environment.
+SECRET_ENV = ("DEEPSEEK_API_KEY", "OPENAI_API_KEY", "ANDON_API_KEY")
+
+
+@asynccontextmanager
+async def open_agent(
+    session_dir: str | os.PathLike[str],
+    *,
+    model: Model,
+    cwd: str | os.PathLike[str] | None = None,
+    tools: ToolRegistry | None = None,
+    pool: WorkerPoolConfig | None = None,
+    grace: GracePolicy | None = None,
+    hooks: Sequence[HookSpec] = (),
+    system_prompt: str | None = None,
+    clock: Clock | None = None,
+    durability: str = "barrier",
+    tool_timeout: float | None = None,
+    max_tool_timeout: float | None = None,
+    max_parallel: int | None = None,
+    secret_env: Sequence[str] = (),
+    pass_env: Sequence[str] = (),
+) -> AsyncIterator[Agent]:
+    """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
+
+    Leaving the block disposes the agent: ``cancel(Disposed())``, wait until idle, stop the worker
+    pool (no process is left behind), close the log.
+    """
+    clock = clock or SystemClock()
+    registry = tools if tools is not None else default()
+    pool_config = pool or WorkerPoolConfig()
+    workdir = str(Path(cwd).resolve()) if cwd is not None else os.getcwd()
+    prompt = system_prompt if system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+    log = SessionLog.open(session_dir, durability=durability, clock=clock)  # type: ignore[arg-type]
+    try:
+        loaded = log.loaded.events
+        info = model.info
+        record_model = ModelInfo(info.spec, info.provider, info.name)
+        if loaded:
+            state = fold_state(loaded)
+            first = log.append(
+                SessionResumed(
+                    os.getpid(),
+                    socket.gethostname(),
+                    andon.__version__,
+                    record_model,
+                    prompt,
+                    log.loaded.repaired,
+                )
+            )
+            next_turn, next_step = state.next_turn, state.next_step
+        else:
+            first = log.append(
+                SessionStart(
+                    FORMAT_VERSION,
+                    session_id(),
+                    andon.__version__,
+                    clock.time(),
+                    workdir,
+                    record_model,
+                    prompt,
+                    os.getpid(),
+                    socket.gethostname(),
+                )
+            )
+            next_turn, next_step = (), ()
+        await log.barrier()
+        hidden = tuple(name for name in (*SECRET_ENV, *secret_env) if name not in pass_env)
+        async with WorkerPool(pool_config, registry) as workers:
+            executor = ToolExecutor(
+                workers,
+                registry,
+                grace=grace,
+                clock=clock,
+                default_timeout=tool_timeout,
+                max_timeout=max_tool_timeout,
+                session_dir=log.session_dir,
+                env_add={"ANDON_SESSION": str(log.session_dir)},
+                env_remove=hidden,
+            )
+            agent = Agent(
+                log=log,
+                model=model,
+                executor=executor,
+                registry=registry,
+                records=[*loaded, first],
+                system_prompt=prompt,
+                cwd=workdir,
+                hooks=hooks,
+                max_parallel=max_parallel or pool_config.size,
+                clock=clock,
+                next_turn=next_turn,
+                next_step=next_step,
+            )
+            try:
+                yield agent
+            finally:
+                await agent.aclose()
+    finally:
+        await log.aclose()
