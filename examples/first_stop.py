@@ -49,7 +49,7 @@ class Show(ExecutionObserver):
         self.lines = 0
         self.enough = asyncio.Event()
 
-    def on_started(self, started: Started) -> None:
+    def on_started(self, started: Started, worker: str = "") -> None:
         print(f"  [started pid {started.pid}, containment {started.containment}]")
 
     def on_output(self, call_id: str, data: bytes) -> None:

@@ -46,7 +46,7 @@ class Recorder(ExecutionObserver):
         self.signals: list[tuple[str, float, int]] = []
         self._changed = asyncio.Event()
 
-    def on_started(self, started: Started) -> None:
+    def on_started(self, started: Started, worker: str = "") -> None:
         self.started = started
         self._poke()
 

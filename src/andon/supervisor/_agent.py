@@ -190,14 +190,20 @@ class Agent:
         if self._failure is not None:
             raise self._failure
 
-    async def events(self, since_seq: int | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Every log record as written (plus live-only events without ``seq``).
+    def events(self, since_seq: int | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every log record as written (plus live-only events that carry no ``seq``).
 
-        From subscription on, or from ``since_seq`` (older records are read from the log file).
-        One unbounded queue per subscriber; ends when the agent is closed.
+        The subscription starts when this is called (not at the first ``__anext__``), or at
+        ``since_seq`` (older records are read from the log file first). One unbounded queue per
+        subscriber; the iterator ends when the agent is closed.
         """
         sub = _Subscriber()
         self._subscribers.append(sub)
+        return self._stream(sub, since_seq)
+
+    async def _stream(
+        self, sub: _Subscriber, since_seq: int | None
+    ) -> AsyncIterator[dict[str, Any]]:
         try:
             last = -1
             if since_seq is not None:
@@ -214,7 +220,8 @@ class Agent:
                     continue
                 yield item
         finally:
-            self._subscribers.remove(sub)
+            if sub in self._subscribers:
+                self._subscribers.remove(sub)
 
     # -- sends and waking --------------------------------------------------------------------
 

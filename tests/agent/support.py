@@ -1,0 +1,111 @@
+"""Helpers for agent tests: an agent over a real session folder, real workers and a scripted
+model, and ways to wait for log records instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import andon
+from andon.base import GracePolicy
+from andon.llm import Scripted
+from andon.session import check, history, read
+from andon.supervisor import Agent, WorkerPoolConfig
+from andon.workers import ToolRegistry
+from tests.workers.pytools import registry as test_registry
+
+
+class Watcher:
+    """Collects an agent's events from subscription on; tests wait on predicates over them."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.items: list[dict[str, Any]] = []
+        self._changed = asyncio.Event()
+        # events() subscribes at the call, so nothing between here and the task's start is lost.
+        self._task = asyncio.create_task(self._collect(agent.events()))
+
+    async def _collect(self, stream: AsyncIterator[dict[str, Any]]) -> None:
+        async for item in stream:
+            self.items.append(item)
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def wait(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        while True:
+            for item in self.items:
+                if predicate(item):
+                    return item
+            await self._changed.wait()
+
+    async def wait_type(self, type_: str, **data: Any) -> dict[str, Any]:
+        return await self.wait(
+            lambda r: (
+                r.get("type") == type_
+                and all(r.get("data", {}).get(k) == v for k, v in data.items())
+            )
+        )
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+@asynccontextmanager
+async def agent_for(
+    folder: Path,
+    replies: Sequence[dict[str, Any]] | Scripted,
+    *,
+    tools: ToolRegistry | None = None,
+    grace: GracePolicy | None = None,
+    workers: int = 2,
+    **options: Any,
+) -> AsyncIterator[Agent]:
+    model = replies if isinstance(replies, Scripted) else Scripted(list(replies))
+    async with andon.open_agent(
+        folder,
+        model=model,
+        tools=tools if tools is not None else test_registry(),
+        pool=WorkerPoolConfig(size=workers, containment="subreaper"),
+        grace=grace or GracePolicy(term_after=1.0, kill_after=1.0),
+        **options,
+    ) as agent:
+        yield agent
+
+
+def records(folder: Path) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in read(folder)]
+
+
+def kinds(folder: Path, *, chunks: bool = False) -> list[str]:
+    return [r["type"] for r in records(folder) if chunks or r["type"] != "assistant/chunk"]
+
+
+def assert_sound(folder: Path) -> None:
+    """The log passes every invariant and its history is a valid request."""
+    recs = read(folder)
+    assert check(recs) == []
+    assert_valid_request(history(recs))
+
+
+def assert_valid_request(messages: list[dict[str, Any]]) -> None:
+    """Every assistant tool call answered by exactly one tool message right after; nothing extra."""
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if m["role"] == "tool":
+            raise AssertionError(f"tool message without a call at {i}: {m}")
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            ids = [c["id"] for c in m["tool_calls"]]
+            answers = [x["tool_call_id"] for x in messages[i + 1 : i + 1 + len(ids)]]
+            assert answers == ids, f"calls {ids} answered by {answers}"
+            i += len(ids)
+        i += 1
+
+
+def turn_ends(folder: Path) -> list[dict[str, Any]]:
+    return [r["data"]["reason"] for r in records(folder) if r["type"] == "turn/end"]
