@@ -202,10 +202,3 @@ def test_assistant_reply_views() -> None:
     )
     assert reply.text == "ab" and reply.reasoning is None
     assert [c.call_id for c in reply.tool_calls] == ["c1-1-1"]
-
-
-def test_fixtures_are_owner_only() -> None:
-    # the generator wrote them through the real writer (0600 files, 0700 folders)
-    for path in FIXTURES.glob("*/events.jsonl"):
-        assert path.stat().st_mode & 0o777 == 0o600, path
-        assert Path(path.parent).stat().st_mode & 0o777 == 0o700
