@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from andon.base import (
     AbortController,
+    AbortSignal,
+    Hook,
     AgentClosed,
     Cause,
     Clock,
@@ -117,8 +119,6 @@ class Agent:
                     "OnRequestError hooks are not supported yet; the model adapter's own retry "
                     "policy applies (llm.md)"
                 )
-            if isinstance(hook, TurnBudget):
-                raise NotImplementedError("TurnBudget is not built yet")
         self._logfile = log
         self._model = model
         self._model_name = model.info.name
@@ -127,6 +127,9 @@ class Agent:
         self._system_prompt = system_prompt
         self._cwd = cwd
         self._hooks = tuple(hooks)
+        self._budgets = tuple(h for h in hooks if isinstance(h, TurnBudget))
+        self._budget_timer: asyncio.Task[None] | None = None
+        self._maintenance_task: asyncio.Task[None] | None = None
         self._max_parallel = max_parallel
         self._clock = clock or SystemClock()
         # The model-visible part of the log (chunks excluded), for building requests.
@@ -223,6 +226,31 @@ class Agent:
             if sub in self._subscribers:
                 self._subscribers.remove(sub)
 
+    async def run_maintenance(self, job: Callable[[AbortSignal], Awaitable[None]]) -> None:
+        """Run a non-turn job (e.g. compaction) while idle; it writes nothing to the log.
+
+        Raises ``RuntimeError`` unless idle. Status stays ``"idle"``; waking sends during the job
+        are latched and replayed when it ends; ``when_idle()`` waits for it; ``cancel()`` aborts
+        the job's signal.
+        """
+        if self._closing:
+            raise AgentClosed()
+        phase = self._phase
+        if not isinstance(phase, _Idle):
+            raise RuntimeError("run_maintenance needs an idle agent (a turn or job is running)")
+        controller = AbortController()
+        self._phase = _Maintenance(controller, phase.last_turn)
+        self._set_status()
+        try:
+            await job(controller.signal)
+        finally:
+            current = self._phase
+            assert isinstance(current, _Maintenance)
+            self._phase = _Idle(current.last_turn)
+            if current.wake_requested and self._inbox.has_work and not self._closing:
+                self._start_driver()
+            self._set_status()
+
     # -- sends and waking --------------------------------------------------------------------
 
     def _send(self, text: str, target: Target, *, wakes: bool, source: str) -> str:
@@ -267,6 +295,7 @@ class Agent:
         controller = AbortController()  # one per turn, installed before turn/start
         self._phase = _Running(controller, turn)
         self._set_status()
+        self._arm_budget(controller)
         try:
             self._write(TurnStart(turn))
             claimed = self._inbox.claim_first_step()
@@ -283,6 +312,7 @@ class Agent:
         try:
             while True:
                 reason = await run_turn(self, turn, controller, claimed)
+                self._disarm_budget()
                 self.turns_run += 1
                 try:
                     await self._barrier()  # every turn/end is durable
@@ -299,6 +329,7 @@ class Agent:
         except LogWriteFailed:
             pass  # recorded in self._failure; the agent goes idle and says so
         finally:
+            self._disarm_budget()
             phase = self._phase
             replay = isinstance(phase, _Running) and phase.wake_requested
             last = phase.turn if isinstance(phase, _Running) else turn
@@ -356,8 +387,36 @@ class Agent:
                 await hook.fn(turn, signal=signal)
 
     def _on_step(self, turn: int, step: int) -> None:
-        if isinstance(self._phase, _Running):
-            self._phase.step = step
+        phase = self._phase
+        if isinstance(phase, _Running):
+            phase.step = step
+            for budget in self._budgets:
+                if budget.steps is not None and step > budget.steps:
+                    phase.controller.abort(
+                        Hook(f"turn budget exceeded: more than {budget.steps} steps")
+                    )
+
+    # -- turn budgets --------------------------------------------------------------------------
+
+    def _arm_budget(self, controller: AbortController) -> None:
+        """Start the time budget of a turn. The timer holds *this* turn's controller only, so a
+        stale timer of an earlier turn can never cancel a later one."""
+        self._disarm_budget()
+        seconds = [b.seconds for b in self._budgets if b.seconds is not None]
+        if seconds:
+            limit = min(seconds)
+            self._budget_timer = asyncio.get_running_loop().create_task(
+                self._budget_after(limit, controller)
+            )
+
+    async def _budget_after(self, limit: float, controller: AbortController) -> None:
+        await self._clock.sleep(limit)
+        controller.abort(Hook(f"turn budget exceeded: {limit:g}s"))
+
+    def _disarm_budget(self) -> None:
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
+            self._budget_timer = None
 
     def _add_usage(self, usage: dict[str, Any] | None) -> None:
         if usage:
