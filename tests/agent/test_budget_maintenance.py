@@ -9,7 +9,6 @@ import pytest
 
 from andon.base import AbortSignal, ManualClock
 from andon.supervisor import TurnBudget
-
 from tests.agent.support import Watcher, agent_for, assert_sound, records, turn_ends
 
 LONG_TOOL = {

@@ -28,11 +28,11 @@ from typing import Any, Literal
 from andon.base import (
     AbortController,
     AbortSignal,
-    Hook,
     AgentClosed,
     Cause,
     Clock,
     Disposed,
+    Hook,
     LogWriteFailed,
     SystemClock,
     message_id,
