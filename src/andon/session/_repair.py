@@ -236,6 +236,7 @@ def load(session_dir: str | os.PathLike[str], *, clock: Clock | None = None) -> 
     """
     folder, lock = _locked(session_dir)
     try:
+        repair_children(folder, clock=clock)
         outcome = repair_locked(
             folder, clock=clock or SystemClock(), dry_run=False, keep_events=True
         )
@@ -243,6 +244,21 @@ def load(session_dir: str | os.PathLike[str], *, clock: Clock | None = None) -> 
         lock.release()
     report = outcome.report
     return LoadedSession(outcome.events, report.repaired, report.closers, report)
+
+
+def repair_children(folder: Path, *, clock: Clock | None = None) -> None:
+    """Repair the sessions of subagents (``subagents/<call_id>/``) before their parent's.
+
+    A child's process is the parent's, so a crash leaves both open; the child is closed first so
+    that, by the time the parent's dangling call is answered, the child's log already says how it
+    ended. Children are repaired recursively (a child may have children of its own).
+    """
+    children = folder / "subagents"
+    if not children.is_dir():
+        return
+    for child in sorted(children.iterdir()):
+        if log_path(child).is_file():
+            load(child, clock=clock)
 
 
 def repair(

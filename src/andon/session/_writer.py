@@ -34,7 +34,7 @@ from andon.base import Clock, ErrorCode, LogWriteFailed, SessionError, SystemClo
 from andon.session._lock import SessionLock
 from andon.session._reader import LOG_NAME
 from andon.session._records import EventData, Record, SessionStart, Unrecognized, encode_line
-from andon.session._repair import LoadedSession, RepairReport, repair_locked
+from andon.session._repair import LoadedSession, RepairReport, repair_children, repair_locked
 from andon.session._tail import ClosingTexts, Tail, closing_data
 from andon.session._values import TurnFailed
 
@@ -220,6 +220,7 @@ class SessionLog:
         try:
             path = folder / LOG_NAME
             if path.exists() and path.stat().st_size > 0:
+                repair_children(folder, clock=clock)  # subagents' logs close first
                 outcome = repair_locked(folder, clock=clock, dry_run=False, keep_events=True)
                 tail, report = outcome.tail, outcome.report
                 loaded = LoadedSession(outcome.events, report.repaired, report.closers, report)

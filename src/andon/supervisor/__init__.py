@@ -26,6 +26,7 @@ from andon.supervisor._hooks import (
 from andon.supervisor._open import DEFAULT_SYSTEM_PROMPT, SECRET_ENV, open_agent
 from andon.supervisor._outcome import StageMark, ToolOutcome
 from andon.supervisor._pool import WorkerGone, WorkerLease, WorkerPool, WorkerPoolConfig
+from andon.supervisor._subagent import SubagentCall, subagent_tool
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
@@ -44,6 +45,7 @@ __all__ = [
     "Retry",
     "StageMark",
     "Status",
+    "SubagentCall",
     "ToolCallInfo",
     "ToolCallRequest",
     "ToolExecutor",
@@ -56,4 +58,5 @@ __all__ = [
     "WorkerPoolConfig",
     "aborted_before_dispatch",
     "open_agent",
+    "subagent_tool",
 ]

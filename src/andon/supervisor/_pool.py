@@ -139,6 +139,7 @@ class WorkerPool:
     def __init__(self, config: WorkerPoolConfig, registry: ToolRegistry) -> None:
         self.config = config
         self.registry = registry
+        self._worker_registry = registry.for_workers()
         self.containment = detect_mode(config.containment)
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -284,7 +285,7 @@ class WorkerPool:
         options = WorkerOptions(
             endpoint=self._endpoint,
             worker_id=worker_id,
-            registry=self.registry,
+            registry=self._worker_registry,
             supervisor_pid=os.getpid(),
             containment=self.containment,
             log_path=str(self._runtime / f"{worker_id}.log"),

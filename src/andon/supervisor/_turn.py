@@ -70,6 +70,7 @@ from andon.session import (
 from andon.supervisor._executor import ExecutionObserver, ToolCallRequest, aborted_before_dispatch
 from andon.supervisor._hooks import Deny, PostTool, PreTool, Reject, ToolCallInfo, call_pre_step
 from andon.supervisor._outcome import ToolOutcome
+from andon.supervisor._subagent import SubagentCall
 
 if TYPE_CHECKING:
     from andon.supervisor._agent import Agent
@@ -420,6 +421,16 @@ class _Turn:
 
     async def _execute(self, call: _Call, signal: AbortSignal) -> ToolOutcome:
         request = ToolCallRequest(call.call_id, call.name, call.arguments, self.agent._cwd)
+        tool = self.agent._registry.get(call.name)
+        if tool is not None and tool.kind == "supervisor":
+            prepared = self.agent._executor.prepare(request)
+            if isinstance(prepared, ToolOutcome):
+                return prepared
+            assert tool.fn is not None
+            result: ToolOutcome = await tool.fn(
+                SubagentCall(self.agent, call.call_id, prepared[1], signal)
+            )
+            return result
         observer = _LogObserver(self, call.call_id)
         return await self.agent._executor.execute(request, signal, observer)
 

@@ -26,7 +26,8 @@ __all__ = [
     "validate_arguments",
 ]
 
-ToolKind = Literal["shell", "python"]
+# "supervisor" tools (a subagent) run in the supervisor process; workers never receive them.
+ToolKind = Literal["shell", "python", "supervisor"]
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -259,6 +260,10 @@ class ToolRegistry:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._tools)
+
+    def for_workers(self) -> ToolRegistry:
+        """The tools a worker can run (supervisor tools stay in the supervisor)."""
+        return ToolRegistry(t for t in self._tools.values() if t.kind != "supervisor")
 
     def openai_schemas(self) -> list[dict[str, Any]]:
         return [t.openai_schema() for t in self._tools.values()]

@@ -1,0 +1,35 @@
+"""A parent agent that delegates to a subagent whose tool runs forever; prints ``ready`` once the
+child's tool has started. Usage: python -m tests.agent.subagent_driver SESSION_DIR"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import andon
+from andon.llm import Scripted
+from andon.supervisor import WorkerPoolConfig, subagent_tool
+from tests.agent.test_subagent import CHILD_SLOW, DELEGATE
+from tests.workers.pytools import registry
+
+
+async def main(folder: str) -> None:
+    tools = registry()
+    tools.add(subagent_tool(lambda: Scripted(list(CHILD_SLOW))))
+    async with andon.open_agent(
+        folder,
+        model=Scripted([DELEGATE]),
+        tools=tools,
+        pool=WorkerPoolConfig(size=1, containment="subreaper"),
+    ) as agent:
+        stream = agent.events()
+        agent.followup("delegate")
+        async for item in stream:
+            event = item.get("event", {})
+            if item.get("type") == "subagent/event" and event.get("type") == "tool/started":
+                print("ready", flush=True)
+        await agent.when_idle()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))
