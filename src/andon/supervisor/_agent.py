@@ -286,10 +286,12 @@ class Agent:
         """Switch to running synchronously: when this returns, turn/start and the claim are
         already in the log (ordering is then deterministic and testable)."""
         assert isinstance(self._phase, _Idle)
+        # Fails (RuntimeError) off the loop's thread before anything is written or switched.
+        loop = asyncio.get_running_loop()
         started = self._begin_turn(self._phase.last_turn + 1)
         if started is None:
             return
-        self._driver = asyncio.get_running_loop().create_task(self._drive(*started))
+        self._driver = loop.create_task(self._drive(*started))
 
     def _begin_turn(self, turn: int) -> tuple[int, AbortController, list[UserMessage]] | None:
         controller = AbortController()  # one per turn, installed before turn/start

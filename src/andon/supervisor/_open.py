@@ -3,6 +3,7 @@ Agent, and take it all down again (leaving no process behind) when the block end
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -58,11 +59,13 @@ async def open_agent(
     max_parallel: int | None = None,
     secret_env: Sequence[str] = (),
     pass_env: Sequence[str] = (),
+    workers: WorkerPool | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
     Leaving the block disposes the agent: ``cancel(Disposed())``, wait until idle, stop the worker
-    pool (no process is left behind), close the log.
+    pool (no process is left behind), close the log. With ``workers``, an already running pool is
+    used (several sessions of one process may share one) and is left running.
     """
     clock = clock or SystemClock()
     registry = tools if tools is not None else default()
@@ -104,7 +107,9 @@ async def open_agent(
             next_turn, next_step = (), ()
         await log.barrier()
         hidden = tuple(name for name in (*SECRET_ENV, *secret_env) if name not in pass_env)
-        async with WorkerPool(pool_config, registry) as workers:
+        async with contextlib.AsyncExitStack() as stack:
+            if workers is None:
+                workers = await stack.enter_async_context(WorkerPool(pool_config, registry))
             executor = ToolExecutor(
                 workers,
                 registry,
