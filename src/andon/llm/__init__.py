@@ -1,9 +1,11 @@
-"""Model adapters: the :class:`Model` protocol, typed stream chunks, the retry policy and the
-scripted model.
+"""Model adapters: the :class:`Model` protocol, typed stream chunks, the retry policy, the scripted
+model, the streaming HTTP adapter for DeepSeek and OpenAI-compatible servers, and model specs.
 
 Imports only ``andon.base`` (architecture.md, Layering).
 """
 
+from andon.llm._openai import OpenAICompatible
+from andon.llm._request import build_request_body, reasoning_needed
 from andon.llm._retry import (
     RETRYABLE_CODES,
     RandomSource,
@@ -13,6 +15,13 @@ from andon.llm._retry import (
     parse_retry_after,
 )
 from andon.llm._scripted import Scripted
+from andon.llm._specs import (
+    API_KEY_ENV_VARS,
+    DEEPSEEK_MODELS,
+    SPEC_FORMS,
+    api_key_env_for,
+    from_spec,
+)
 from andon.llm._types import (
     Chunk,
     Finish,
@@ -28,7 +37,10 @@ from andon.llm._types import (
 )
 
 __all__ = [
+    "API_KEY_ENV_VARS",
+    "DEEPSEEK_MODELS",
     "RETRYABLE_CODES",
+    "SPEC_FORMS",
     "Chunk",
     "Finish",
     "FinishReason",
@@ -36,6 +48,7 @@ __all__ = [
     "ModelInfo",
     "ModelRequest",
     "OnAttempt",
+    "OpenAICompatible",
     "RandomSource",
     "ReasoningDelta",
     "RetryPolicy",
@@ -44,6 +57,10 @@ __all__ = [
     "ToolCallDelta",
     "Usage",
     "abortable_sleep",
+    "api_key_env_for",
+    "build_request_body",
     "code_for_status",
+    "from_spec",
     "parse_retry_after",
+    "reasoning_needed",
 ]

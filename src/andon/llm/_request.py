@@ -33,27 +33,18 @@ _REASONING: Final = "reasoning_content"
 def reasoning_needed(messages: Sequence[dict[str, Any]]) -> list[bool]:
     """For each message, whether DeepSeek needs its ``reasoning_content`` sent back.
 
-    True exactly for the assistant messages of a user-to-user span (the messages after one user
-    message up to the next) in which at least one assistant message has tool calls.
+    llm.md's rule: once the model has made tool calls since the last user message, every
+    assistant message of that span (after the last user message) goes back with its reasoning,
+    even when empty. Reasoning of earlier spans, or of a span without tool calls, is not sent.
     """
     needed = [False] * len(messages)
-    span: list[int] = []  # assistant messages since the last user message
-    tools_called = False
-
-    def close_span() -> None:
-        if tools_called:
-            for index in span:
-                needed[index] = True
-
-    for index, message in enumerate(messages):
-        role = message.get("role")
-        if role == "user":
-            close_span()
-            span, tools_called = [], False
-        elif role == "assistant":
-            span.append(index)
-            tools_called = tools_called or bool(message.get("tool_calls"))
-    close_span()
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    span = [
+        i for i in range(last_user + 1, len(messages)) if messages[i].get("role") == "assistant"
+    ]
+    if any(messages[i].get("tool_calls") for i in span):
+        for i in span:
+            needed[i] = True
     return needed
 
 

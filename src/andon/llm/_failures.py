@@ -1,0 +1,190 @@
+"""Model API failures as typed :class:`~andon.base.ModelError` values, with messages that say
+what to do.
+
+Three sources (llm.md, Errors and retries): an HTTP error status (with the server's JSON error body
+and ``Retry-After``), an ``{"error": {...}}`` payload inside the stream, and a transport failure
+raised by httpx. Every message that quotes the server goes through :func:`scrub` first, so an API
+key echoed back by a server ("Incorrect API key provided: sk-...") never reaches an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from andon.base import ErrorCode, ModelError
+from andon.llm._retry import code_for_status
+
+__all__ = ["Context", "payload_error", "scrub", "status_error", "transport_error"]
+
+MAX_QUOTE: Final = 500
+"""Longest piece of server text quoted in a message."""
+
+# Error ``code`` / ``type`` strings of OpenAI, DeepSeek, vLLM and friends, by prefix.
+_NAMED_CODES: Final[tuple[tuple[str, ErrorCode], ...]] = (
+    ("rate_limit", ErrorCode.RATE_LIMITED),
+    ("insufficient_quota", ErrorCode.INSUFFICIENT_BALANCE),
+    ("insufficient_balance", ErrorCode.INSUFFICIENT_BALANCE),
+    ("insufficient_system_resource", ErrorCode.OVERLOADED),
+    ("overloaded", ErrorCode.OVERLOADED),
+    ("service_unavailable", ErrorCode.OVERLOADED),
+    ("invalid_api_key", ErrorCode.AUTH),
+    ("authentication", ErrorCode.AUTH),
+    ("permission", ErrorCode.AUTH),
+    ("invalid_request", ErrorCode.BAD_REQUEST),
+    ("context_length", ErrorCode.BAD_REQUEST),
+    ("content_filter", ErrorCode.CONTENT_FILTER),
+    ("server_error", ErrorCode.SERVER),
+    ("internal", ErrorCode.SERVER),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What an error message may name: the endpoint, the model and the key's variable."""
+
+    url: str
+    model: str
+    key_env: str | None
+    key_sent: bool
+    secret: str | None  # only ever used to remove the key from quoted server text
+
+    def key_advice(self) -> str:
+        if self.key_env is None:
+            return "this model is configured to send no API key"
+        if self.key_sent:
+            return f"check the API key in ${self.key_env}"
+        return f"no API key was sent: set ${self.key_env}"
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """``text`` without the API key (and cut to a readable length)."""
+    if secret:
+        text = text.replace(secret, "***")
+    text = " ".join(text.split())
+    if len(text) > MAX_QUOTE:
+        text = text[: MAX_QUOTE - 3] + "..."
+    return text
+
+
+def _server_message(body: bytes, secret: str | None) -> str:
+    """The human part of an error body: ``error.message``, ``message``, ``detail`` or the text."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, Mapping):
+        error = parsed.get("error")
+        candidates = [
+            error.get("message") if isinstance(error, Mapping) else error,
+            parsed.get("message"),
+            parsed.get("detail"),
+        ]
+        for candidate in candidates:
+            if isinstance(candidate, str) and candidate.strip():
+                return scrub(candidate, secret)
+    return scrub(text, secret) or "(no error message)"
+
+
+def status_error(
+    status: int, body: bytes, retry_after: float | None, context: Context
+) -> ModelError:
+    """The error for an HTTP error response (llm.md's table), with an actionable message."""
+    code = code_for_status(status)
+    said = _server_message(body, context.secret)
+    head = f"HTTP {status} from {context.url}"
+    match code:
+        case ErrorCode.AUTH:
+            message = (
+                f"the model API refused the credentials ({head}: {said}); {context.key_advice()}"
+            )
+        case ErrorCode.INSUFFICIENT_BALANCE:
+            account = f" of the key in ${context.key_env}" if context.key_env else ""
+            message = (
+                f"the model API account{account} has insufficient balance ({head}: {said}); "
+                "top up the account with the provider, then run again"
+            )
+        case ErrorCode.RATE_LIMITED:
+            message = f"the model API is rate limiting requests ({head}: {said})"
+        case ErrorCode.OVERLOADED:
+            message = f"the model API is overloaded ({head}: {said}); try again later"
+        case ErrorCode.SERVER:
+            message = f"the model API failed ({head}: {said}); this is usually temporary"
+        case _:
+            hint = ""
+            if status == 404:
+                hint = f"; check the model name {context.model!r} and the base URL"
+            elif 300 <= status < 400:
+                hint = "; the base URL redirects: use the final URL"
+            message = f"the model API rejected the request ({head}: {said}){hint}"
+    return ModelError(code, message, status=status, retry_after=retry_after)
+
+
+def payload_error(error: object, secret: str | None) -> ModelError:
+    """The error for an ``{"error": ...}`` payload in the stream: its mapped code, else SERVER."""
+    code = ErrorCode.SERVER
+    said = "(no error message)"
+    if isinstance(error, Mapping):
+        message = error.get("message")
+        if isinstance(message, str) and message.strip():
+            said = scrub(message, secret)
+        code = _code_of(error)
+    elif isinstance(error, str) and error.strip():
+        said = scrub(error, secret)
+    return ModelError(code, f"the model API reported an error mid-stream: {said}")
+
+
+def _code_of(error: Mapping[str, Any]) -> ErrorCode:
+    for field in ("code", "type", "status"):
+        value = error.get(field)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            status = int(value)
+            if 400 <= status <= 599:
+                return code_for_status(status)
+        elif isinstance(value, str):
+            lowered = value.lower()
+            for prefix, code in _NAMED_CODES:
+                if lowered.startswith(prefix):
+                    return code
+    return ErrorCode.SERVER
+
+
+def transport_error(
+    exc: httpx.HTTPError, *, data_started: bool, connect_timeout: float | None, context: Context
+) -> ModelError:
+    """The error for a failure httpx raised: connect problems, resets, broken streams."""
+    what = scrub(str(exc), context.secret) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        limit = f" within {connect_timeout:g} s" if connect_timeout is not None else ""
+        return ModelError(
+            ErrorCode.TIMEOUT,
+            f"could not connect to the model API at {context.url}{limit} (connect timeout)",
+        )
+    if isinstance(exc, httpx.ConnectError):
+        return ModelError(
+            ErrorCode.CONNECTION,
+            f"cannot connect to the model API at {context.url}: {what}; "
+            "check the base URL and that the server is running",
+        )
+    if isinstance(exc, httpx.TimeoutException):
+        return ModelError(ErrorCode.TIMEOUT, f"the model API timed out: {what}")
+    if isinstance(exc, httpx.DecodingError):
+        return ModelError(
+            ErrorCode.MALFORMED_STREAM, f"the model API sent a body that cannot be decoded: {what}"
+        )
+    if data_started:
+        return ModelError(
+            ErrorCode.STREAM_TRUNCATED,
+            f"the connection to the model API broke mid-stream ({what}); the reply is incomplete",
+        )
+    return ModelError(
+        ErrorCode.CONNECTION,
+        f"the connection to the model API at {context.url} failed before any data ({what})",
+    )
