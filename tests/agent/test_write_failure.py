@@ -1,0 +1,84 @@
+"""A log that cannot be written stops the agent honestly (session-log.md, Durability)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from andon.base import LogWriteFailed, User
+from andon.llm import Scripted
+from andon.session import FORMAT_VERSION, ModelInfo, SessionLog, SessionStart, load
+from andon.supervisor import Agent, ToolExecutor, WorkerPool, WorkerPoolConfig
+from tests.agent.support import Watcher, records
+from tests.workers.pytools import registry
+
+
+class DiskFills:
+    """A write seam: real writes until ``fail`` is set, then ENOSPC."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def __call__(self, fd: int, data: bytes) -> int:
+        if self.fail:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+
+async def test_a_failed_append_stops_the_turn_and_every_later_send(tmp_path: Path) -> None:
+    disk = DiskFills()
+    tools = registry()
+    log = SessionLog.open(tmp_path, write=disk)
+    first = log.append(
+        SessionStart(
+            FORMAT_VERSION,
+            "s-000000000001",
+            "0.1.0",
+            0.0,
+            str(tmp_path),
+            ModelInfo("script:inline", "script", "scripted"),
+            "p",
+            os.getpid(),
+            "h",
+        )
+    )
+    model = Scripted(
+        [
+            {
+                "tool_calls": [
+                    {"name": "bash", "arguments": {"command": "echo ready; exec sleep 1000"}}
+                ]
+            }
+        ]
+    )
+    async with WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools) as pool:
+        agent = Agent(
+            log=log,
+            model=model,
+            executor=ToolExecutor(pool, tools, session_dir=tmp_path),
+            registry=tools,
+            records=[first],
+            system_prompt="p",
+            cwd=str(tmp_path),
+        )
+        watcher = Watcher(agent)
+        agent.followup("go")
+        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        disk.fail = True  # the disk fills while the tool runs
+        agent.cancel(User())  # the tool/result can no longer be written
+        with pytest.raises(LogWriteFailed):
+            await agent.when_idle()
+        error = await watcher.wait(lambda r: r.get("type") == "agent/error")
+        assert error["error"]["code"] == "LOG_WRITE_FAILED"
+        with pytest.raises(LogWriteFailed):
+            agent.followup("more")
+        await agent.aclose()
+        await watcher.close()
+    await log.aclose()
+    # Nothing half-written: the log loads (repair closes what could not be closed).
+    loaded = load(tmp_path)
+    assert loaded.events[0].type == "session/start"
+    assert records(tmp_path)[-1]["type"] in ("session/repaired", "turn/end")
