@@ -22,6 +22,9 @@ ALIASES = {
     "andon.tools": "workers",
     "andon.hooks": "supervisor",
     "andon.cli": "cli",
+    "andon._cli_run": "cli",
+    "andon._cli_output": "cli",
+    "andon._cli_settings": "cli",
 }
 ALLOWED: dict[str, set[str]] = {
     "base": set(),

@@ -2,6 +2,11 @@
 
 Every user mistake becomes one clear line on stderr and exit code 2; a traceback is shown only with
 ``--debug``. Commands that exist in the design but are not built yet are not offered here.
+
+``andon run`` / ``andon resume`` live in ``andon._cli_run`` (the job, signals, exit codes),
+``andon._cli_output`` (what is printed) and ``andon._cli_settings`` (flags, ``ANDON_*``,
+``andon.toml``); this module parses arguments and checks everything a user can get wrong before
+the agent starts.
 """
 
 from __future__ import annotations
@@ -12,9 +17,19 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from andon import __version__
-from andon.base import AndonError, LogCorrupted, LogFormatUnsupported, SessionLive
+from andon.base import (
+    AndonError,
+    ConfigError,
+    LogCorrupted,
+    LogFormatUnsupported,
+    SessionLive,
+)
+
+if TYPE_CHECKING:
+    from andon._cli_run import RunJob
 
 __all__ = ["main"]
 
@@ -51,26 +66,77 @@ def _parser() -> argparse.ArgumentParser:
     repair = sub.add_parser("repair", help="repair a session whose last run crashed")
     repair.add_argument("session", metavar="DIR")
     repair.add_argument("--dry-run", action="store_true", help="say what would be appended")
+
+    run = sub.add_parser("run", help="run one job: a prompt until the agent is idle")
+    run.add_argument("prompt", nargs="?", metavar="PROMPT", help="the task (default: stdin)")
+    run.add_argument("--session", metavar="DIR", help="session folder (an existing one is resumed)")
+    _job_options(run)
+
+    resume = sub.add_parser("resume", help="continue a session (repairing it if it crashed)")
+    resume.add_argument("session", metavar="DIR")
+    resume.add_argument("prompt", nargs="?", metavar="PROMPT", help="a follow-up to run")
+    _job_options(resume)
+
+    mock = sub.add_parser("mock-model", help="serve a scripted OpenAI-compatible model")
+    mock.add_argument("--script", required=True, metavar="FILE", help="YAML or JSON replies")
+    mock.add_argument("--port", type=int, default=0, help="port (default: any free port)")
     return parser
+
+
+def _job_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by run and resume; ``None`` means "not given" (andon.toml/ANDON_* apply)."""
+    p.add_argument("--model", metavar="SPEC", help="deepseek-v4-flash, openai:M, URL#M, script:F")
+    p.add_argument("--cwd", metavar="DIR", help="working directory of the tools")
+    p.add_argument("--system", metavar="FILE", help="file holding the system prompt")
+    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
+    p.add_argument("--workers", metavar="N", help="tool worker processes (default 4)")
+    p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
+    p.add_argument("--tool-timeout", metavar="S", help="default timeout of a tool call")
+    p.add_argument("--turn-budget", metavar="SECONDS", help="stop a turn after this long (exit 5)")
+    p.add_argument("--max-steps", metavar="N", help="stop a turn after this many steps (exit 5)")
+    p.add_argument(
+        "--pass-env",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="let a model key variable reach the tools (repeatable)",
+    )
+    p.add_argument("--thinking", choices=("on", "off"), help="DeepSeek thinking (default on)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
+    except BaseExceptionGroup as group:
+        # A task group (andon run) wraps what failed inside it; report the first failure.
+        if args.debug or len(group.exceptions) != 1:
+            raise
+        error = group.exceptions[0]
+        if not isinstance(error, AndonError | OSError):
+            raise
+        print(f"andon: {_describe(error)}", file=sys.stderr)
+        return EXIT_USAGE if _is_usage(error) else EXIT_FAILED
+    except BrokenPipeError:
+        # `andon log DIR | head` closed our stdout: not an error worth a word. (Before OSError,
+        # of which it is a subclass.)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (AndonError, OSError) as e:
         if args.debug:
             raise
         print(f"andon: {_describe(e)}", file=sys.stderr)
         return EXIT_USAGE if _is_usage(e) else EXIT_FAILED
-    except BrokenPipeError:
-        # `andon log DIR | head` closed our stdout: not an error worth a word.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+    except KeyboardInterrupt:
+        # Ctrl-C before `andon run` installed its own handlers: nothing had started yet.
+        if args.debug:
+            raise
+        print("andon: interrupted", file=sys.stderr)
+        return 128 + 2
 
 
 def _is_usage(error: BaseException) -> bool:
-    return isinstance(error, SessionLive | FileNotFoundError | NotADirectoryError)
+    return isinstance(error, SessionLive | ConfigError | FileNotFoundError | NotADirectoryError)
 
 
 def _describe(error: BaseException) -> str:
@@ -96,7 +162,90 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _check(_session_dir(args.session))
         case "repair":
             return _repair(_session_dir(args.session), dry_run=args.dry_run)
+        case "run" | "resume":
+            from andon._cli_run import run_job
+
+            return run_job(_job(args))
+        case "mock-model":
+            from andon.testing import mock_model_main
+
+            return mock_model_main(["--script", args.script, "--port", str(args.port)])
     raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def _job(args: argparse.Namespace) -> RunJob:
+    """Everything ``run``/``resume`` needs, checked before any process starts (errors exit 2)."""
+    from andon._cli_run import RunJob, load_model, new_session_dir
+    from andon._cli_settings import resolve
+    from andon.session import fold_state, read
+
+    settings = resolve(vars(args))
+    existing: Path | None = None
+    if args.command == "resume":
+        existing = _session_dir(args.session)
+    elif args.session is not None and Path(args.session, "events.jsonl").exists():
+        existing = Path(args.session)
+    model_spec, system_prompt, cwd = settings.model, None, settings.cwd
+    since_seq = 0
+    if existing is not None:
+        # Resuming: the session's own model, prompt and working directory unless overridden.
+        try:
+            records = read(existing)
+        except (LogCorrupted, LogFormatUnsupported) as e:
+            raise ConfigError(f"cannot read the session log: {e}") from None
+        state = fold_state(records)
+        since_seq = state.next_seq
+        if model_spec is None and state.model is not None:
+            model_spec = state.model.spec
+        system_prompt = state.system_prompt
+        if cwd is None and len(records) and records[0].type == "session/start":
+            cwd = records[0].to_dict()["data"].get("cwd")
+        if args.prompt is None and not (state.next_turn or state.next_step):
+            raise ConfigError(f"nothing to run: the inbox of {existing} is empty; give a PROMPT")
+    if settings.system is not None:
+        try:
+            system_prompt = Path(settings.system).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(
+                f"cannot read the system prompt file {settings.system}: {e}"
+            ) from None
+    if cwd is not None and not Path(cwd).is_dir():
+        raise ConfigError(f"--cwd: no such directory: {cwd}")
+    model = load_model(model_spec, settings.thinking)
+    prompt = args.prompt
+    if prompt is None and args.command == "run":
+        prompt = _read_stdin()
+    if prompt is not None and not prompt.strip():
+        raise ConfigError("the prompt is empty")
+    if existing is not None:
+        session = existing
+    elif args.session is not None:
+        session = Path(args.session)
+    else:
+        session = new_session_dir()
+    if existing is None:
+        # The path comes first, so CI can keep the folder as an artifact whatever happens next.
+        print(f"andon: session {session}", file=sys.stderr if args.json else sys.stdout, flush=True)
+    return RunJob(
+        session=session,
+        settings=settings,
+        model=model,
+        prompt=prompt,
+        json=args.json,
+        cwd=cwd,
+        system_prompt=system_prompt,
+        created=existing is None,
+        since_seq=since_seq,
+    )
+
+
+def _read_stdin() -> str:
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ConfigError("no prompt: give PROMPT, or pipe it on stdin")
+    try:
+        return sys.stdin.read()
+    except KeyboardInterrupt:
+        raise ConfigError("interrupted while reading the prompt from stdin") from None
 
 
 def _log(folder: Path, *, as_json: bool) -> int:

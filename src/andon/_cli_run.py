@@ -1,0 +1,244 @@
+"""``andon run`` and ``andon resume``: one job, an honest exit code, nothing left running.
+
+Order matters here (cli.md, Signals): the signal handlers are installed with
+``loop.add_signal_handler`` as the first thing on the event loop, before the log is opened or a
+worker starts, so that a Ctrl-C at any moment becomes a cancel rather than a ``KeyboardInterrupt``
+that skips the clean-up. Everything that can be refused as a usage or configuration error (flags,
+settings, the model spec and its key, the script file, the prompt) is checked before the agent
+starts, and gives exit code 2.
+
+Exit code precedence: usage/config error before the agent starts (2); once a signal arrived,
+128 + the first signal's number, even if the turn then completed; a closed stdout counts as
+SIGPIPE (141); otherwise the last ``turn/end`` decides (see :func:`exit_code_for`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from andon._cli_output import JsonOutput, Output, StdoutClosed, TextOutput, say
+from andon._cli_settings import Settings
+from andon.base import ConfigError, Disposed, User, session_id
+from andon.llm import Model, from_spec
+
+__all__ = ["RunJob", "exit_code_for", "run_job"]
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_BLOCKED: Final = 3
+EXIT_MAX_TOKENS: Final = 4
+EXIT_HOOK: Final = 5
+EXIT_EPIPE: Final = 128 + signal.SIGPIPE
+
+_HANDLED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_code_for(reason: Mapping[str, Any] | None) -> int:
+    """The exit code a run without signals gets from its last ``turn/end`` reason."""
+    if reason is None:
+        return EXIT_OK
+    match reason.get("kind"):
+        case "completed":
+            return EXIT_OK
+        case "blocked":
+            return EXIT_BLOCKED
+        case "max-tokens":
+            return EXIT_MAX_TOKENS
+        case "aborted" if (reason.get("reason") or {}).get("kind") == "hook":
+            return EXIT_HOOK
+        case _:
+            return EXIT_FAILED
+
+
+@dataclass
+class RunJob:
+    """Everything decided before the event loop starts."""
+
+    session: Path
+    settings: Settings
+    model: Model
+    prompt: str | None  # None: resume without a prompt (wake on queued work)
+    json: bool
+    cwd: str | None
+    system_prompt: str | None
+    created: bool  # a new session folder (its path is announced)
+    since_seq: int = 0  # the first record this run writes (repair closers included)
+
+
+@dataclass
+class _Signals:
+    """Signal bookkeeping; the handlers run on the loop (never inside a callback of ours)."""
+
+    out: Output
+    session: Path
+    first: int | None = None
+    count: int = 0
+    agent: Any = None  # the Agent once it exists
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum in _HANDLED:
+            loop.add_signal_handler(signum, self.on_signal, signum)
+
+    def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum in _HANDLED:
+            loop.remove_signal_handler(signum)
+
+    def on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        self.count += 1
+        if self.first is None:
+            self.first = signum
+        agent = self.agent
+        if self.count == 1:
+            cause = User() if signum == signal.SIGINT else Disposed()
+            if agent is None:
+                say(f"{name}: stopping before the agent started")
+                return
+            self.out.stopping(name, cause.kind)
+            agent.cancel(cause)
+        elif self.count == 2 or signum != signal.SIGINT:
+            if agent is not None:
+                self.out.forcing(name)
+                agent.cancel(User(), force=True)  # the first cause stays; force kills now
+        else:
+            self.hard_exit()
+
+    def hard_exit(self) -> None:
+        """Third Ctrl-C: SIGKILL every tool process group still running, then exit at once. The
+        workers see this process die (pidfd) and exit; the next load repairs the log."""
+        groups = set(self.out.tracker.in_flight.values())
+        with contextlib.suppress(Exception):
+            groups |= _groups_in_flight(self.session)
+        for pgid in groups:
+            if pgid:
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, signal.SIGKILL)
+        say(f"SIGINT a third time: killed {len(groups)} tool process group(s); exiting now")
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os._exit(128 + (self.first or signal.SIGINT))
+
+
+def _groups_in_flight(session: Path) -> set[int | None]:
+    from andon.session import read
+
+    started: dict[str, int | None] = {}
+    for record in read(session):
+        data = record.to_dict()["data"]
+        if record.type == "tool/started":
+            started[data["call_id"]] = data.get("pgid")
+        elif record.type == "tool/result":
+            started.pop(data.get("call_id"), None)
+    return set(started.values())
+
+
+def load_model(spec: str | None, thinking: bool | None) -> Model:
+    if not spec:
+        raise ConfigError(
+            "no model: give --model SPEC (or ANDON_MODEL, or model = ... in andon.toml), e.g. "
+            "--model deepseek-v4-flash or --model script:examples/ci-build/script.yaml"
+        )
+    return from_spec(spec, thinking=thinking)
+
+
+def run_job(job: RunJob) -> int:
+    """Run ``job`` on a fresh event loop and return the exit code."""
+    return asyncio.run(_run(job))
+
+
+async def _run(job: RunJob) -> int:
+    import andon
+    from andon.hooks import TurnBudget
+
+    loop = asyncio.get_running_loop()
+    out: Output = JsonOutput(job.settings.grace) if job.json else TextOutput(job.settings.grace)
+    signals = _Signals(out, job.session)
+    signals.install(loop)  # first, before anything else starts
+    started = time.monotonic()
+    s = job.settings
+    hooks = []
+    if s.turn_budget is not None or s.max_steps is not None:
+        hooks.append(TurnBudget(seconds=s.turn_budget, steps=s.max_steps))
+    failure: str | None = None
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    # A SessionLive or ConfigError raised while opening leaves here wrapped in an exception
+    # group; ``andon.cli.main`` reports it as one line with exit code 2.
+    try:
+        async with asyncio.TaskGroup() as tg:  # noqa: SIM117 (the renderer outlives the agent)
+            async with andon.open_agent(
+                job.session,
+                model=job.model,
+                cwd=job.cwd,
+                pool=andon.WorkerPoolConfig(size=s.workers),
+                grace=s.grace,
+                hooks=hooks,
+                system_prompt=job.system_prompt,
+                tool_timeout=s.tool_timeout,
+                pass_env=s.pass_env,
+            ) as agent:
+                events = agent.events(since_seq=job.since_seq)
+                tg.create_task(_render(events, out, agent))
+                if signals.first is None:
+                    signals.agent = agent
+                    if job.prompt is not None:
+                        agent.followup(job.prompt)
+                    else:
+                        # Resume without a prompt: the inbox holds work (checked before the loop).
+                        # The Agent has no public "wake" yet; this is the wake a send would do.
+                        agent._wake(latch=False)
+                    try:
+                        await agent.when_idle()
+                    except Exception as e:  # a log write failure: the agent stopped
+                        failure = f"{type(e).__name__}: {e}"
+                usage = dict(agent.usage)
+    finally:
+        signals.uninstall(loop)
+    if failure is not None:
+        say(failure)
+    if signals.first is not None:
+        code = 128 + signals.first
+    elif out.closed:
+        code = EXIT_EPIPE
+    elif failure is not None:
+        code = EXIT_FAILED
+    else:
+        code = exit_code_for(out.tracker.last_end)
+    ended = out.tracker.last_end
+    if ended is not None and ended.get("kind") == "error" and not job.json:
+        error = ended.get("error") or {}
+        say(f"the turn failed: {error.get('code')}: {error.get('message')}")
+    summary = {
+        "session": str(job.session),
+        "exit_code": code,
+        "turns": out.tracker.turns,
+        "tool_calls": out.tracker.tool_calls,
+        "duration": round(time.monotonic() - started, 3),
+        "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")},
+        "ended": ended,
+    }
+    with contextlib.suppress(StdoutClosed):
+        out.summary(summary)
+    return code
+
+
+async def _render(events: Any, out: Output, agent: Any) -> None:
+    """Print every event; on a closed stdout, dispose the agent quietly and keep draining."""
+    async for event in events:
+        try:
+            out.feed(event)
+        except StdoutClosed:
+            agent.cancel(Disposed())
+
+
+def new_session_dir() -> Path:
+    return Path(".andon") / "sessions" / session_id()

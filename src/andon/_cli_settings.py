@@ -1,0 +1,155 @@
+"""Settings of ``andon run`` / ``andon resume``: flags win over ``ANDON_*`` variables, which win
+over ``andon.toml`` in the working directory (cli.md).
+
+Only the names below are read from the environment: ``ANDON_SESSION`` (set for every tool call) and
+``ANDON_API_KEY`` (a model key) are deliberately not settings, so an ``andon run`` started by a tool
+never resumes its parent's session by accident.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from andon.base import ConfigError, GracePolicy
+
+__all__ = ["ENV_VARS", "TOML_FILE", "Settings", "resolve"]
+
+TOML_FILE: Final = "andon.toml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None
+    cwd: str | None = None
+    system: str | None = None  # a file holding the system prompt
+    workers: int = 4
+    grace: GracePolicy = field(default_factory=GracePolicy)
+    tool_timeout: float | None = None
+    turn_budget: float | None = None
+    max_steps: int | None = None
+    pass_env: tuple[str, ...] = ()
+    thinking: bool | None = None
+
+
+def _positive_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{name} takes a number of seconds (got {text!r})") from None
+        if math.isnan(value) or value <= 0:
+            raise ConfigError(f"{name} must be a positive number of seconds (got {text!r})")
+        return value
+
+    return parse
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{name} takes a whole number (got {text!r})") from None
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1 (got {text!r})")
+        return value
+
+    return parse
+
+
+def _grace(text: str) -> GracePolicy:
+    try:
+        return GracePolicy.parse(text)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"grace: {e}") from None
+
+
+def _thinking(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ConfigError(f"thinking takes on or off (got {text!r})")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+_PARSERS: Final[dict[str, Callable[[str], Any]]] = {
+    "model": str.strip,
+    "cwd": str,
+    "system": str,
+    "workers": _positive_int("workers"),
+    "grace": _grace,
+    "tool_timeout": _positive_float("tool-timeout"),
+    "turn_budget": _positive_float("turn-budget"),
+    "max_steps": _positive_int("max-steps"),
+    "pass_env": _names,
+    "thinking": _thinking,
+}
+
+ENV_VARS: Final = {name: f"ANDON_{name.upper()}" for name in _PARSERS}
+"""setting -> environment variable (``ANDON_MODEL``, ``ANDON_GRACE`` ...)."""
+
+
+def _from_toml(folder: Path) -> dict[str, str]:
+    path = folder / TOML_FILE
+    if not path.is_file():
+        return {}
+    try:
+        with path.open("rb") as f:
+            table = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
+    out: dict[str, str] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in _PARSERS:
+            known = ", ".join(sorted(_PARSERS))
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            value = "on" if value else "off"
+        elif not isinstance(value, str | int | float):
+            raise ConfigError(f"{path}: setting {key!r} must be a string, number or list")
+        out[name] = str(value)
+    return out
+
+
+def resolve(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
+    """Merge ``andon.toml`` (in the current directory), ``ANDON_*`` variables and ``flags``
+    (a flag left at ``None``, or an empty list, is unset)."""
+    environ = os.environ if env is None else env
+    raw: dict[str, str] = _from_toml(Path.cwd())
+    for name, var in ENV_VARS.items():
+        if environ.get(var):
+            raw[name] = environ[var]
+    values: dict[str, Any] = {}
+    for name, text in raw.items():
+        try:
+            values[name] = _PARSERS[name](text)
+        except ConfigError as e:
+            where = ENV_VARS[name] if environ.get(ENV_VARS[name]) == text else TOML_FILE
+            raise ConfigError(f"{e} (from {where})") from None
+    for name in _PARSERS:
+        value = flags.get(name)
+        if value is None or value == []:
+            continue
+        if name == "pass_env":
+            values[name] = tuple(n for item in value for n in _names(item))
+        elif isinstance(value, str):
+            values[name] = _PARSERS[name](value)
+        else:
+            values[name] = value
+    return Settings(**values)

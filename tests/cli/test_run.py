@@ -1,0 +1,441 @@
+"""`andon run` / `andon resume` end to end: the real executable, real workers, real signals.
+
+Each run starts in its own session (``start_new_session=True``) and gets its signals by pid, as a CI
+runner sends them. Readiness is read from the child's ``--json`` lines (a ``tool/output`` event
+means the long tool is running), never waited for with a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from andon.testing import MockModelServer
+
+ANDON = str(Path(sys.executable).parent / "andon")
+LONG = "for i in $(seq 1 600); do echo step $i; sleep 0.1; done"
+# Ignores SIGINT and SIGTERM (children inherit the ignored dispositions): only SIGKILL stops it.
+STUBBORN = "trap '' INT TERM; for i in $(seq 1 600); do echo tick $i; sleep 0.1; done"
+
+
+def script(path: Path, replies: list[dict[str, Any]]) -> str:
+    path.write_text(json.dumps({"replies": replies}))
+    return f"script:{path}"
+
+
+def long_script(tmp_path: Path, command: str = LONG) -> str:
+    return script(
+        tmp_path / "long.json",
+        [
+            {
+                "text": "Building.",
+                "tool_calls": [{"name": "bash", "arguments": {"command": command}}],
+            },
+            {"text": "Stopped."},
+        ],
+    )
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {
+        k: v for k, v in os.environ.items() if not k.startswith("ANDON_") or k == "ANDON_TEST_RUN"
+    }
+    out.update(extra)
+    return out
+
+
+def run(
+    *args: str, cwd: Path, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ANDON, *args],
+        cwd=cwd,
+        env=environ or env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [ANDON, *args],
+        cwd=cwd,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def read_until(
+    proc: subprocess.Popen[str], pred: Callable[[dict[str, Any]], bool]
+) -> list[dict[str, Any]]:
+    """Read --json lines until one matches (the test's timeout bounds the wait)."""
+    assert proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+    for line in proc.stdout:
+        event = json.loads(line)
+        seen.append(event)
+        if pred(event):
+            return seen
+    raise AssertionError(f"andon ended before the awaited event; last: {seen[-3:]}")
+
+
+def is_tool_output(event: dict[str, Any]) -> bool:
+    return event.get("type") == "tool/output"
+
+
+def finish(
+    proc: subprocess.Popen[str], timeout: float = 30
+) -> tuple[int, list[dict[str, Any]], str]:
+    out, err = proc.communicate(timeout=timeout)
+    events = [json.loads(line) for line in out.splitlines()]
+    return proc.returncode, events, err
+
+
+def records(session: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session / "events.jsonl").read_text().splitlines()]
+
+
+def assert_balanced(session: Path) -> None:
+    check = run("check", str(session), cwd=session.parent)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.fixture
+def killer() -> Iterator[list[subprocess.Popen[str]]]:
+    """Started runs are SIGKILLed (with their session) if a test fails half-way."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def test_completed_run_exits_0_with_the_transcript(tmp_path: Path) -> None:
+    model = script(
+        tmp_path / "s.json",
+        [
+            {
+                "text": "Checking.",
+                "tool_calls": [{"name": "bash", "arguments": {"command": "echo built-ok"}}],
+            },
+            {"text": "All green."},
+        ],
+    )
+    result = run("run", "--model", model, "build it", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("andon: session .andon/sessions/")
+    session = tmp_path / lines[0].split()[-1]
+    assert "Checking." in result.stdout and "built-ok" in result.stdout
+    assert "All green." in result.stdout and "[exit code 0]" in result.stdout
+    assert "ended completed, exit 0" in result.stderr and "Traceback" not in result.stderr
+    log = run("log", str(session), cwd=tmp_path)
+    assert "build it" in log.stdout and "All green." in log.stdout
+    assert_balanced(session)
+
+
+def test_json_is_one_object_per_line_ending_with_the_summary(tmp_path: Path) -> None:
+    model = script(
+        tmp_path / "s.json",
+        [{"text": "Hi.", "usage": {"prompt_tokens": 7, "completion_tokens": 2}}],
+    )
+    session = tmp_path / "s"
+    result = run(
+        "run", "--json", "--model", model, "--session", str(session), "hello", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert all(isinstance(e, dict) and "type" in e for e in events)
+    summary = events[-1]
+    assert summary == {
+        "type": "run/summary",
+        "session": str(session),
+        "exit_code": 0,
+        "turns": 1,
+        "tool_calls": 0,
+        "duration": summary["duration"],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 2},
+        "ended": {"kind": "completed"},
+    }
+    logged = [e for e in events if "seq" in e]
+    assert logged == records(session)  # every log record, in order
+    assert any(e["type"] == "agent/status" for e in events)
+    assert f"session {session}" in result.stderr
+
+
+def test_sigint_exits_130_within_the_grace_bound(tmp_path: Path, killer: list[Any]) -> None:
+    session = tmp_path / "s"
+    proc = start(
+        "run",
+        "--json",
+        "--grace",
+        "2,2",
+        "--model",
+        long_script(tmp_path),
+        "--session",
+        str(session),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(proc)
+    read_until(proc, is_tool_output)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    code, events, err = finish(proc)
+    assert code == 130, err
+    assert time.monotonic() - sent < 4 + 5  # the grace bound (2 + 2) plus slack for slow machines
+    assert "stopping (SIGINT, cause user)" in err and "Traceback" not in err
+    assert events[-1]["type"] == "run/summary" and events[-1]["exit_code"] == 130
+    end = [r for r in records(session) if r["type"] == "turn/end"][-1]
+    assert end["data"]["reason"] == {"kind": "aborted", "reason": {"kind": "user"}}
+    assert_balanced(session)
+
+
+def test_second_sigint_kills_at_once(tmp_path: Path, killer: list[Any]) -> None:
+    session = tmp_path / "s"
+    proc = start(
+        "run",
+        "--json",
+        "--grace",
+        "30,30",
+        "--model",
+        long_script(tmp_path, STUBBORN),
+        "--session",
+        str(session),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(proc)
+    read_until(proc, is_tool_output)
+    os.kill(proc.pid, signal.SIGINT)
+    read_until(proc, lambda e: e.get("type") == "tool/signal" and e["data"]["stage"] == "interrupt")
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    code, _, err = finish(proc)
+    assert code == 130, err
+    assert time.monotonic() - sent < 10  # far inside the 30 s grace: the kill did not wait for it
+    assert "SIGINT again: killing" in err
+    result = next(r for r in records(session) if r["type"] == "tool/result")
+    assert result["data"]["ended_by"] == "kill"
+    assert_balanced(session)
+
+
+@pytest.mark.parametrize(("signum", "expected"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_and_sighup_dispose_and_exit_128_plus_n(
+    tmp_path: Path, killer: list[Any], signum: int, expected: int
+) -> None:
+    session = tmp_path / "s"
+    proc = start(
+        "run",
+        "--json",
+        "--grace",
+        "1,1",
+        "--model",
+        long_script(tmp_path),
+        "--session",
+        str(session),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(proc)
+    read_until(proc, is_tool_output)
+    os.kill(proc.pid, signum)
+    code, events, err = finish(proc)
+    assert code == expected, err
+    assert events[-1]["exit_code"] == expected
+    end = [r for r in records(session) if r["type"] == "turn/end"][-1]
+    assert end["data"]["reason"] == {"kind": "aborted", "reason": {"kind": "disposed"}}
+    assert_balanced(session)
+
+
+def test_turn_budget_exits_5(tmp_path: Path) -> None:
+    session = tmp_path / "s"
+    result = run(
+        "run",
+        "--grace",
+        "1,1",
+        "--turn-budget",
+        "1",
+        "--model",
+        long_script(tmp_path),
+        "--session",
+        str(session),
+        "go",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 5, result.stderr
+    assert "turn budget exceeded" in result.stdout + result.stderr
+    assert_balanced(session)
+
+
+async def test_resume_after_sigkill_repairs_and_continues(
+    tmp_path: Path, killer: list[Any]
+) -> None:
+    replies = [
+        {"text": "Building.", "tool_calls": [{"name": "bash", "arguments": {"command": LONG}}]},
+        {"text": "Picking up after the crash."},
+    ]
+    session = tmp_path / "s"
+    async with MockModelServer(replies) as server:
+        spec = f"{server.base_url}#mock"
+        proc = start(
+            "run", "--json", "--model", spec, "--session", str(session), "build", cwd=tmp_path
+        )
+        killer.append(proc)
+        read_until(proc, is_tool_output)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        result = run("resume", str(session), "carry on", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "Picking up after the crash." in result.stdout
+        body = server.requests[-1].body
+    logged = records(session)
+    assert any(r["type"] == "session/repaired" for r in logged)
+    starts = [r["data"]["turn"] for r in logged if r["type"] == "turn/start"]
+    assert starts == [1, 2]
+    messages = body["messages"]
+    calls = [
+        c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []
+    ]
+    answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    assert calls == ["c1-1-1"] and answered == calls
+    assert messages[-1] == {"role": "user", "content": "carry on"}
+    assert_balanced(session)
+
+
+def test_closed_stdout_disposes_quietly(tmp_path: Path) -> None:
+    session = tmp_path / "s"
+    model = long_script(tmp_path)
+    cmd = f"{ANDON} run --json --grace 1,1 --model {model} --session {session} go | head -1"
+    result = subprocess.run(
+        ["bash", "-c", cmd], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["type"] == "session/start"
+    assert "Traceback" not in result.stderr and "Broken pipe" not in result.stderr
+    end = [r for r in records(session) if r["type"] == "turn/end"][-1]
+    assert end["data"]["reason"]["reason"] == {"kind": "disposed"}
+    assert_balanced(session)
+
+
+def test_max_tokens_exits_4(tmp_path: Path) -> None:
+    model = script(tmp_path / "s.json", [{"text": "cut sho", "finish": "length"}])
+    result = run("run", "--model", model, "write a novel", cwd=tmp_path)
+    assert result.returncode == 4, result.stderr
+    assert "ended max-tokens" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [
+        ({"kind": "completed"}, 0),
+        ({"kind": "error", "error": {"code": "SERVER", "message": "500"}}, 1),
+        ({"kind": "blocked", "by": "policy"}, 3),
+        ({"kind": "max-tokens"}, 4),
+        ({"kind": "aborted", "reason": {"kind": "hook", "reason": "turn budget exceeded"}}, 5),
+        ({"kind": "aborted", "reason": {"kind": "user"}}, 1),  # a signal decides before this
+        ({"kind": "interrupted"}, 1),
+    ],
+)
+def test_exit_code_follows_the_last_turn_end(reason: dict[str, Any], code: int) -> None:
+    from andon._cli_run import exit_code_for
+
+    assert exit_code_for(reason) == code
+
+
+MISTAKES = {
+    "unknown flag": (["run", "--frobnicate", "x"], {}),
+    "missing model": (["run", "x"], {}),
+    "missing key": (["run", "--model", "deepseek-v4-flash", "x"], {}),
+    "unknown model spec": (["run", "--model", "gpt-9000", "x"], {}),
+    "unreadable script": (["run", "--model", "script:nope.yaml", "x"], {}),
+    "invalid script": (["run", "--model", "script:bad.yaml", "x"], {}),
+    "bad grace": (["run", "--model", "script:ok.yaml", "--grace", "soon", "x"], {}),
+    "bad setting in env": (["run", "--model", "script:ok.yaml", "x"], {"ANDON_WORKERS": "0"}),
+    "no prompt": (["run", "--model", "script:ok.yaml"], {}),
+    "resume nothing to run": (["resume", "done"], {}),
+    "resume no session": (["resume", "missing"], {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    args, extra = MISTAKES[case]
+    (tmp_path / "bad.yaml").write_text("replies:\n  - tool_calls: 5\n")
+    ok = script(tmp_path / "ok.yaml", [{"text": "ok"}])
+    if case == "resume nothing to run":
+        assert run("run", "--model", ok, "--session", "done", "hi", cwd=tmp_path).returncode == 0
+    environ = env(**extra)
+    environ.pop("DEEPSEEK_API_KEY", None)
+    result = run(*args, cwd=tmp_path, environ=environ)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("andon: ") and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_session_live_in_another_process_is_refused(tmp_path: Path, killer: list[Any]) -> None:
+    session = tmp_path / "s"
+    model = long_script(tmp_path)
+    proc = start(
+        "run",
+        "--json",
+        "--grace",
+        "1,1",
+        "--model",
+        model,
+        "--session",
+        str(session),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(proc)
+    read_until(proc, is_tool_output)
+    second = run("run", "--model", model, "--session", str(session), "me too", cwd=tmp_path)
+    assert second.returncode == 2
+    assert str(proc.pid) in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1 and "Traceback" not in second.stderr
+    os.kill(proc.pid, signal.SIGTERM)
+    assert finish(proc)[0] == 143
+    assert_balanced(session)
+
+
+def test_settings_come_from_andon_toml_and_env_and_flags_win(tmp_path: Path) -> None:
+    good = script(tmp_path / "good.json", [{"text": "from the flag"}])
+    (tmp_path / "andon.toml").write_text('model = "script:nope.yaml"\nworkers = 1\n')
+    assert run("run", "x", cwd=tmp_path).returncode == 2  # the toml's model is used, and refused
+    environ = env(ANDON_MODEL=good)
+    result = run("run", "x", cwd=tmp_path, environ=environ)
+    assert result.returncode == 0 and "from the flag" in result.stdout
+    result = run("run", "--model", good, "x", cwd=tmp_path, environ=env(ANDON_MODEL="script:nope"))
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_ci_build_example_goes_red_then_green(tmp_path: Path) -> None:
+    # The example works relative to the repository root; a link makes tmp_path look like one, so
+    # the scratch copy lands under tmp_path/.andon and the repository is never touched.
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    (tmp_path / "examples").symlink_to(examples)
+    model = "script:examples/ci-build/script.yaml"
+    result = run("run", "--model", model, "The build is red: fix it", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "[exit code 1]" in result.stdout and "2 failed" in result.stdout
+    assert result.stdout.rstrip().endswith("ended: completed")
+    assert "3 passed, 0 failed" in result.stdout
+    assert "5 tool calls" in result.stderr
