@@ -194,8 +194,7 @@ async def _run(job: RunJob) -> int:
                         agent.followup(job.prompt)
                     else:
                         # Resume without a prompt: the inbox holds work (checked before the loop).
-                        # The Agent has no public "wake" yet; this is the wake a send would do.
-                        agent._wake(latch=False)
+                        agent.wake()
                     try:
                         await agent.when_idle()
                     except Exception as e:  # a log write failure: the agent stopped

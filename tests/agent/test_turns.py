@@ -291,3 +291,25 @@ async def test_a_disposed_turn_never_latches(tmp_path: Path) -> None:
     assert turn_ends(tmp_path) == [{"kind": "aborted", "reason": {"kind": "disposed"}}]
     log = read(tmp_path)
     assert log[-1].type in ("turn/end", "agent/inbox/spliced")
+
+
+async def test_wake_runs_parked_work_of_a_resumed_session(tmp_path: Path) -> None:
+    async with agent_for(tmp_path, []) as agent:
+        agent.inject("context parked while idle")
+        assert agent.wake() is True  # queued work: a turn starts
+        await agent.when_idle()
+    async with agent_for(tmp_path, [{"text": "ran the parked work"}]) as agent:
+        assert agent.wake() is False  # nothing queued any more
+    async with agent_for(tmp_path / "second", []) as agent:
+        agent.inject("parked")
+    async with agent_for(tmp_path / "second", [{"text": "picked up after resume"}]) as agent:
+        assert agent.status == "idle"  # pending work waits for a waking send...
+        assert agent.wake() is True  # ...or an explicit wake
+        await agent.when_idle()
+    entered = [
+        r["data"]["message"]["content"]
+        for r in records(tmp_path / "second")
+        if r["type"] == "user/message"
+    ]
+    assert entered == ["parked"]
+    assert turn_ends(tmp_path / "second") == [{"kind": "completed"}]

@@ -169,6 +169,20 @@ class Agent:
         """Queue ``text`` for the next step; never wakes the agent."""
         return self._send(text, "next-step", wakes=False, source="inject")
 
+    def wake(self) -> bool:
+        """Start a turn for work already queued (e.g. parked work of a resumed session).
+
+        Returns whether a turn started: only an idle agent with a non-empty inbox starts one.
+        """
+        if self._closing:
+            raise AgentClosed()
+        if self._failure is not None:
+            raise self._failure
+        if not isinstance(self._phase, _Idle) or not self._inbox.has_work:
+            return False
+        self._start_driver()
+        return True
+
     def cancel(self, cause: Cause, *, keep_inbox: bool = False, force: bool = False) -> None:
         """Cancel the running turn (synchronous; never awaits). The first cause wins.
 
