@@ -25,6 +25,9 @@ ALIASES = {
     "andon._cli_run": "cli",
     "andon._cli_output": "cli",
     "andon._cli_settings": "cli",
+    "andon._cli_chat": "cli",
+    "andon._cli_term": "cli",
+    "andon._bench": "cli",
 }
 ALLOWED: dict[str, set[str]] = {
     "base": set(),

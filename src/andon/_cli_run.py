@@ -161,9 +161,10 @@ async def _run(job: RunJob) -> int:
     from andon.hooks import TurnBudget
 
     loop = asyncio.get_running_loop()
-    out: Output = JsonOutput(job.settings.grace) if job.json else TextOutput(job.settings.grace)
+    out = _output(job)
     signals = _Signals(out, job.session)
     signals.install(loop)  # first, before anything else starts
+    live = _start_live(out)
     started = time.monotonic()
     s = job.settings
     hooks = []
@@ -202,6 +203,10 @@ async def _run(job: RunJob) -> int:
                 usage = dict(agent.usage)
     finally:
         signals.uninstall(loop)
+        if live is not None:
+            live.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await live
     if failure is not None:
         say(failure)
     if signals.first is not None:
@@ -228,6 +233,30 @@ async def _run(job: RunJob) -> int:
     with contextlib.suppress(StdoutClosed):
         out.summary(summary)
     return code
+
+
+def _output(job: RunJob) -> Output:
+    """``--json``; the rich view when stdout is a terminal (``andon._cli_term``); else plain."""
+    if job.json:
+        return JsonOutput(job.settings.grace)
+    try:
+        tty = sys.stdout.isatty()
+    except (OSError, ValueError):
+        tty = False
+    if tty:
+        from andon._cli_term import TermOutput
+
+        return TermOutput(job.settings.grace)
+    return TextOutput(job.settings.grace)
+
+
+def _start_live(out: Output) -> asyncio.Task[None] | None:
+    """Redraw the rich view's live area (spinners, tails, stopping status) from the loop."""
+    from andon._cli_term import TermOutput
+
+    if not isinstance(out, TermOutput):
+        return None
+    return asyncio.get_running_loop().create_task(out.run_live())
 
 
 async def _render(events: Any, out: Output, agent: Any) -> None:

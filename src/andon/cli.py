@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("prompt", nargs="?", metavar="PROMPT", help="a follow-up to run")
     _job_options(resume)
 
+    from andon._cli_chat import register as register_chat
+
+    register_chat(sub)
+
     mock = sub.add_parser("mock-model", help="serve a scripted OpenAI-compatible model")
     mock.add_argument("--script", required=True, metavar="FILE", help="YAML or JSON replies")
     mock.add_argument("--port", type=int, default=0, help="port (default: any free port)")
@@ -166,6 +170,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from andon._cli_run import run_job
 
             return run_job(_job(args))
+        case "chat":
+            from andon._cli_chat import run as run_chat
+
+            return run_chat(args)
         case "mock-model":
             from andon.testing import mock_model_main
 

@@ -1,0 +1,323 @@
+"""The human view of ``andon run`` and ``andon chat`` in a terminal (rich).
+
+Two kinds of output over the same event stream:
+
+* permanent lines, printed once: the assistant's text line by line (reasoning dimmed), each tool
+  call (``▶``) and its result (``◀``, with the last lines of its output, the exit status or the
+  ``[stopped …]`` marker and the duration), how each turn ended, stopping status lines, the summary;
+* a live area, redrawn several times a second: the assistant's partial line, each running tool call
+  with a spinner, its elapsed time and the tail of its output, and while a stop drains, what andon
+  waits for ("stopping: SIGTERM sent to 1 process, SIGKILL in 1.6 s").
+
+``andon run`` shows the live area with :class:`rich.live.Live`; ``andon chat`` shows it in the
+prompt's bottom toolbar (prompt_toolkit owns the terminal there). Control sequences in tool output
+(colours, cursor moves, titles, carriage-return progress bars) are stripped: a tool never drives
+the user's terminal.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TextIO
+
+from rich.console import Console, Group, RenderableType
+from rich.text import Text
+
+from andon._cli_output import (
+    _STAGE_NAMES,
+    Output,
+    _args,
+    _plural,
+    _reason,
+)
+from andon.base import GracePolicy
+
+__all__ = ["TermOutput", "strip_controls"]
+
+_SPINNER: Final = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+_TAIL_LIVE: Final = 3  # output lines shown under a running call
+_TAIL_DONE: Final = 8  # output lines kept when a call ends
+# CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), other two-byte escapes, C1 CSI.
+_CONTROL_SEQ: Final = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
+    r"|\x1b[@-Z\\-_]"
+    r"|\x9b[0-?]*[ -/]*[@-~]"
+)
+_OTHER_CONTROLS: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
+
+
+def strip_controls(text: str) -> str:
+    """``text`` without terminal control sequences; a carriage return keeps what follows it
+    (the last state of a progress bar); tabs and newlines stay."""
+    text = _CONTROL_SEQ.sub("", text).replace("\r\n", "\n")
+    lines = [line.rsplit("\r", 1)[-1] for line in text.split("\n")]
+    return _OTHER_CONTROLS.sub("", "\n".join(lines))
+
+
+@dataclass
+class _Call:
+    call_id: str
+    title: str
+    started: float
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=_TAIL_DONE)
+    )
+    pending: str = ""  # output not ending in a newline yet
+
+
+@dataclass
+class _Stop:
+    """What the current stop waits for (the next stage and when it is due)."""
+
+    text: str
+    next_name: str | None = None
+    due: float | None = None  # time.monotonic()
+
+
+class TermOutput(Output):
+    """Rich renderer. ``console`` prints the permanent lines; :meth:`live` is the live area."""
+
+    def __init__(
+        self,
+        grace: GracePolicy,
+        stream: TextIO | None = None,
+        *,
+        console: Console | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(grace, stream)
+        self.console = console or Console(file=stream, highlight=False)
+        self._clock = clock
+        self._calls: dict[str, _Call] = {}
+        self._partial = ""  # the assistant's current line
+        self._partial_kind = "text"
+        self._stop: _Stop | None = None
+        self._turn_started: float | None = None
+        self.queued = 0  # follow-ups and steers waiting (chat folds the inbox splices)
+
+    # -- permanent lines ------------------------------------------------------------------------
+
+    def line(self, text: str | Text, style: str = "") -> None:
+        self.console.print(text, style=style, soft_wrap=True, markup=False, emoji=False)
+
+    def _flush_partial(self) -> None:
+        if self._partial:
+            self.line(self._partial, "dim" if self._partial_kind == "reasoning" else "")
+            self._partial = ""
+
+    def _stream(self, kind: str, text: str) -> None:
+        if kind != self._partial_kind:
+            self._flush_partial()
+            self._partial_kind = kind
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self.line(line, "dim" if kind == "reasoning" else "")
+
+    def render(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        data: Mapping[str, Any] = event.get("data") or {}
+        now = self._clock()
+        match kind:
+            case "turn/start":
+                self._turn_started = now
+            case "assistant/chunk":
+                for delta in data.get("deltas", ()):
+                    text = str(delta.get("text", ""))
+                    if text and delta.get("type") in ("text", "reasoning"):
+                        self._stream(str(delta["type"]), text)
+            case "assistant/message":
+                self._flush_partial()
+            case "tool/call":
+                self._flush_partial()
+                call_id = str(data.get("call_id"))
+                title = f"{data.get('name')} {strip_controls(_args(data))}"
+                self._calls[call_id] = _Call(call_id, title, now)
+                self.line(f"▶ {call_id} {title}", "cyan")
+            case "tool/output":
+                call = self._calls.get(str(event.get("call_id")))
+                if call is not None:
+                    text = call.pending + strip_controls(str(event.get("text", "")))
+                    *lines, call.pending = text.split("\n")
+                    call.tail.extend(lines)
+            case "tool/result":
+                self._result(data, now)
+            case "tool/signal":
+                pass  # Output.feed shows it (see _stopping_stage)
+            case "turn/end":
+                self._flush_partial()
+                self._stop = None
+                self._turn_started = None
+                reason = data.get("reason")
+                stopped = isinstance(reason, Mapping) and reason.get("kind") == "aborted"
+                style = "yellow" if stopped else ("red" if _failed(reason) else "green")
+                marker = " [stopped]" if stopped else ""
+                self.line(f"■ turn {data.get('turn')} ended{marker}: {_reason(reason)}", style)
+            case "agent/error":
+                error = event.get("error") or {}
+                self.line(f"error {error.get('code')}: {error.get('message')}", "bold red")
+            case "llm/retry":
+                error = data.get("error") or {}
+                self.line(
+                    f"model request failed ({error.get('code')}: {error.get('message')}); "
+                    f"retrying in {float(data.get('delay') or 0):.1f} s",
+                    "yellow",
+                )
+            case _:
+                pass
+
+    def _result(self, data: Mapping[str, Any], now: float) -> None:
+        call_id = str(data.get("call_id"))
+        call = self._calls.pop(call_id, None)
+        content = strip_controls(str(data.get("content", "")))
+        lines = content.rstrip("\n").split("\n")
+        n = 0
+        while n < len(lines) and lines[-1 - n].startswith("[") and lines[-1 - n].endswith("]"):
+            n += 1
+        status = " ".join(lines[len(lines) - n :])
+        if call is not None:
+            if call.pending:
+                call.tail.append(call.pending)
+            body = list(call.tail) or lines[: len(lines) - n][-_TAIL_DONE:]
+        else:
+            body = lines[: len(lines) - n][-_TAIL_DONE:]
+        for line in body:
+            self.line(Text.assemble(("  │ ", "dim"), line))
+        error = data.get("error") or {}
+        if not status:
+            status = f"[{error.get('code')}]" if error else "[ok]"
+        duration = data.get("duration")
+        if not isinstance(duration, int | float) and call is not None:
+            duration = now - call.started
+        took = f" in {float(duration):.2f} s" if isinstance(duration, int | float) else ""
+        stopped = "stopped" in status
+        style = "yellow" if stopped else ("green" if status in ("[ok]", "[exit code 0]") else "red")
+        self.line(f"◀ {call_id} {status}{took}", style)
+
+    # -- stopping status ------------------------------------------------------------------------
+
+    def stopping(self, signame: str, cause: str) -> None:
+        """The first stop request: what andon now waits for."""
+        calls = list(self.tracker.in_flight)
+        g = self.grace
+        if not calls:
+            self._stop = _Stop(f"stopping ({signame}): closing the model request")
+        else:
+            self._stop = _Stop(
+                f"stopping ({signame}): canceling {_plural(len(calls), 'tool call')}",
+                "SIGTERM" if g.interrupt else "SIGKILL",
+                self._clock() + (g.term_after if g.interrupt else g.kill_at),
+            )
+        self.line(f"{self._stop.text}; press Ctrl-C again to kill now", "bold yellow")
+
+    def forcing(self, signame: str) -> None:
+        n = len(self.tracker.in_flight)
+        self._stop = _Stop(f"{signame} again: killing {_plural(n, 'tool process group')} now")
+        self.line(self._stop.text, "bold red")
+
+    def _stopping_stage(self, data: Mapping[str, Any]) -> None:
+        stage = str(data.get("stage"))
+        g = self.grace
+        targets = _plural(int(data.get("targets") or 0), "process")
+        text = f"stopping: {_STAGE_NAMES.get(stage, stage)} sent to {targets}"
+        now = self._clock()
+        after = ""
+        if stage in ("interrupt", "timeout-interrupt"):
+            self._stop = _Stop(text, "SIGTERM", now + g.term_after)
+            after = f", SIGTERM in {g.term_after:g} s"
+        elif stage in ("term", "timeout-term"):
+            self._stop = _Stop(text, "SIGKILL", now + g.kill_after)
+            after = f", SIGKILL in {g.kill_after:g} s"
+        else:
+            self._stop = _Stop(text)
+        self.line(f"{text}{after} ({data.get('call_id')})", "yellow")
+
+    # -- the live area --------------------------------------------------------------------------
+
+    def live(self) -> RenderableType:
+        """What is happening now (redrawn by rich Live or shown in the chat toolbar)."""
+        return Group(*self.live_lines())
+
+    def live_lines(self) -> list[Text]:
+        now = self._clock()
+        frame = _SPINNER[int(now * 10) % len(_SPINNER)]
+        out: list[Text] = []
+        if self._partial:
+            out.append(
+                Text(self._partial[-200:], "dim" if self._partial_kind == "reasoning" else "")
+            )
+        for call in self._calls.values():
+            out.append(
+                Text.assemble(
+                    (f"{frame} ", "cyan"),
+                    (f"{call.call_id} ", "bold"),
+                    call.title[:80],
+                    (f"  {now - call.started:.1f} s", "dim"),
+                )
+            )
+            tail = [*call.tail, call.pending] if call.pending else list(call.tail)
+            for line in tail[-_TAIL_LIVE:]:
+                out.append(Text.assemble(("  │ ", "dim"), (line[:200], "dim")))
+        if self._stop is not None:
+            text = self._stop.text
+            if self._stop.next_name and self._stop.due is not None:
+                text += f", {self._stop.next_name} in {max(0.0, self._stop.due - now):.1f} s"
+            out.append(Text(f"{frame} {text}", "bold yellow"))
+        elif self._turn_started is not None and not self._calls:
+            out.append(Text(f"{frame} working  {now - self._turn_started:.1f} s", "cyan"))
+        return out
+
+    async def run_live(self, interval: float = 0.1) -> None:
+        """Show :meth:`live` below the permanent lines until cancelled (``andon run``).
+
+        Redrawn from the event loop (not rich's refresh thread), so the state is never read while
+        an event changes it."""
+        import asyncio
+
+        from rich.live import Live
+
+        with Live(
+            get_renderable=self.live,
+            console=self.console,
+            auto_refresh=False,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        ) as live:
+            while True:
+                live.refresh()
+                await asyncio.sleep(interval)
+
+    def summary(self, summary: Mapping[str, Any]) -> None:
+        if self.closed:
+            return
+        self._flush_partial()
+        self.line(
+            f"{_plural(int(summary['turns']), 'turn')}, "
+            f"{_plural(int(summary['tool_calls']), 'tool call')}, "
+            f"{float(summary['duration']):.1f} s, ended {_reason(summary['ended'])}, "
+            f"exit {summary['exit_code']}; session {summary['session']}",
+            "bold",
+        )
+
+
+def to_ansi(lines: list[Text], width: int | None = None) -> str:
+    """``lines`` as a string with ANSI styles (for prompt_toolkit's toolbar)."""
+    width = width or shutil.get_terminal_size().columns
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width, highlight=False)
+    for line in lines:
+        line.truncate(width - 1)
+        console.print(line, soft_wrap=False, no_wrap=True, overflow="crop")
+    return buf.getvalue().rstrip("\n")
+
+
+def _failed(reason: Any) -> bool:
+    return isinstance(reason, Mapping) and reason.get("kind") not in ("completed", None)
