@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
 
     register_chat(sub)
 
+    from andon._bench import register as register_bench
+
+    register_bench(sub)
+
     mock = sub.add_parser("mock-model", help="serve a scripted OpenAI-compatible model")
     mock.add_argument("--script", required=True, metavar="FILE", help="YAML or JSON replies")
     mock.add_argument("--port", type=int, default=0, help="port (default: any free port)")
@@ -170,6 +174,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from andon._cli_run import run_job
 
             return run_job(_job(args))
+        case "bench":
+            from andon._bench import run as run_bench
+
+            return run_bench(args)
         case "chat":
             from andon._cli_chat import run as run_chat
 

@@ -1,0 +1,156 @@
+"""Floors: the same stop done with nothing of andon in between, measured in the same run.
+
+Every process a bare floor starts carries an environment tag (``ANDON_BENCH_TAG=…``), inherited by
+children, ``setsid`` escapees and double-forked daemons alike, so what a floor leaves behind is
+counted exactly (and then killed) without guessing from command lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+
+import httpx
+from httpx_sse import EventSource
+
+from andon.workers._procfs import with_environ_entry
+
+__all__ = ["bare_stop", "bare_stop_everything", "fsync_once", "httpx_close", "kill_tagged"]
+
+TAG_VAR = "ANDON_BENCH_TAG"
+
+
+def kill_tagged(entry: bytes, timeout: float = 5.0) -> int:
+    """SIGKILL every live process whose environment holds ``entry``; wait until all are gone.
+    Returns how many there were."""
+    found = with_environ_entry(entry, exclude=(os.getpid(),))
+    fds = []
+    for info in found:
+        try:
+            fds.append(os.pidfd_open(info.pid))
+            os.kill(info.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    pending = set(fds)
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(pending), [], [], deadline - time.monotonic())
+        pending -= set(ready)
+    for fd in fds:
+        os.close(fd)
+    return len(found)
+
+
+def _start(command: str, tag: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, TAG_VAR: tag}
+    proc = subprocess.Popen(
+        ["bash", "-c", command], stdout=subprocess.PIPE, start_new_session=True, env=env
+    )
+    assert proc.stdout is not None
+    buf = b""
+    while b"ready" not in buf:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            raise RuntimeError(f"the floor's tree exited before it was ready: {command[:60]!r}")
+        buf += chunk
+    return proc
+
+
+def bare_stop(
+    command: str, signals: Sequence[tuple[int, float]], tag: str, delay: float = 0.0
+) -> tuple[float, int]:
+    """Start ``command`` in its own group, wait for ``ready`` (+ ``delay``), then send ``signals``
+    (signal, seconds after the first) to the group and reap the leader, as a bare script would.
+    Returns (seconds from the first signal to the leader reaped, tagged processes still alive)."""
+    entry = f"{TAG_VAR}={tag}".encode()
+    proc = _start(command, tag)
+    if delay:
+        time.sleep(delay)  # sleep-ok: the random moment inside the activity
+    t0 = time.perf_counter()
+    for sig, at in signals:
+        wait = at - (time.perf_counter() - t0)
+        if wait > 0:
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+    proc.wait()
+    took = time.perf_counter() - t0
+    assert proc.stdout is not None
+    proc.stdout.close()
+    left = kill_tagged(entry)
+    return took, left
+
+
+def bare_stop_everything(command: str, tag: str, delay: float = 0.0) -> float:
+    """The fair floor for a tree: what andon must do (SIGINT to the group, reap the leader, SIGTERM
+    to every process left, escapees included, wait until all are gone), with nothing in between.
+    Finding the escapees is free here (the tag); andon has to find them through its containment."""
+    entry = f"{TAG_VAR}={tag}".encode()
+    proc = _start(command, tag)
+    if delay:
+        time.sleep(delay)  # sleep-ok: the random moment inside the activity
+    t0 = time.perf_counter()
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait()
+    fds = []
+    for info in with_environ_entry(entry, exclude=(os.getpid(),)):
+        try:
+            fds.append(os.pidfd_open(info.pid))
+            os.kill(info.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    pending = set(fds)
+    while pending:
+        ready, _, _ = select.select(list(pending), [], [], 5)
+        if not ready:
+            break
+        pending -= set(ready)
+    took = time.perf_counter() - t0
+    for fd in fds:
+        os.close(fd)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    kill_tagged(entry)
+    return took
+
+
+def fsync_once(path: str) -> float:
+    """One append + fsync of a turn/end-sized line: what every durable stop pays at least once."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, b'{"seq":1,"t":1.0,"type":"turn/end","turn":1,"kind":"aborted"}\n')
+        t = time.perf_counter()
+        os.fsync(fd)
+        return time.perf_counter() - t
+    finally:
+        os.close(fd)
+
+
+async def httpx_close(client: httpx.AsyncClient, url: str, chunks: int, delay: float) -> float:
+    """Read ``chunks`` SSE events of a streamed reply, wait ``delay``, then time closing the
+    response: the floor of stopping a model stream (quality.md: abort decision → stream closed)."""
+    import asyncio
+
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    async with client.stream("POST", url, json=body) as response:
+        events = EventSource(response).aiter_sse()
+        for _ in range(chunks):
+            await anext(events)
+        await asyncio.sleep(delay)  # the random moment inside the activity
+        started = time.perf_counter()
+        await response.aclose()
+        elapsed = time.perf_counter() - started
+        with contextlib.suppress(Exception):
+            await events.aclose()
+        return elapsed

@@ -1,0 +1,102 @@
+"""`andon bench` runs end to end, once per scenario, so the benchmark cannot rot.
+
+No timing is asserted here (shared machines are noisy; the figures live in benchmarks/README.md).
+What is asserted is what must hold on any machine: every scenario runs and reports, no andon
+scenario leaves a process or writes after its stop, and the naive reference shows what it leaves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from andon._bench import register, run
+from andon._bench._interrupt import SCENARIOS
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="andon")
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bench", *argv])
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    assert run(parse(*argv, "--json")) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_every_interrupt_scenario_runs_once(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "interrupt", "--runs", "1")
+    assert list(data["scenarios"]) == list(SCENARIOS)
+    for name, result in data["scenarios"].items():
+        assert result["latency"]["n"] == 1, name
+        if name == "naive":
+            # terminate() ends bash only: its jobs, the escapee and the daemon live on
+            assert result["reference"] and result["survivors_max"] > 0
+        else:
+            assert result["survivors_max"] == 0, name
+            assert result["bytes_after_max"] == 0, name
+    for name in ("stream", "stall", "coop-tool", "shell", "trap-int", "stubborn", "tree"):
+        assert data["scenarios"][name]["floor"]["n"] == 1, name
+    assert data["scenarios"]["tree"]["floor_leaves_max"] > 0  # bare killpg leaves the escapees
+    assert data["scenarios"]["trap-int"]["ended_by"] == {"term": 1}
+    assert data["scenarios"]["stubborn"]["ended_by"] == {"kill": 1}
+    assert data["scenarios"]["parallel"]["ended_by"] == {"interrupt": 8}
+
+
+@pytest.mark.slow
+def test_dispatch_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "dispatch", "--runs", "1")
+    assert data["noop_ratio_p50"] > 0
+    assert set(data["calls_per_second"]) == {"1", "2", "4"}
+
+
+def test_recovery_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "recovery", "--max-events", "1000")
+    assert [row["events"] for row in data["recovery"]] == [1000]
+    assert [row["durability"] for row in data["append"]] == ["none", "barrier", "every-record"]
+
+
+def test_table_through_python_m() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "andon.cli",
+            "bench",
+            "interrupt",
+            "--runs",
+            "1",
+            "--scenario",
+            "shell",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "scenario" in out.stdout and "shell" in out.stdout
+    assert "shell" in out.stderr  # the progress line
+
+
+def test_plot_without_matplotlib_says_what_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    assert run(parse("interrupt", "--plot", "x.png")) == 2
+    assert "pip install andon[plot]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv", [("--scenario", "nope"), ("--grace", "1"), ("--runs", "0")], ids=str
+)
+def test_usage_errors_exit_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(parse("interrupt", *argv)) == 2
+    assert "andon bench:" in capsys.readouterr().err
