@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon._cli_settings import Settings, resolve
+from andon._cli_settings import Settings, add_agent_options, resolve
 from andon._cli_term import TermOutput, to_ansi
 from andon.base import ConfigError, Disposed, User
 
@@ -50,21 +50,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "chat", help="interactive: type while the agent works"
     )
-    p.add_argument("--model", metavar="SPEC", help="deepseek-v4-flash, openai:M, URL#M, script:F")
     p.add_argument("--session", metavar="DIR", help="session folder (an existing one is resumed)")
-    p.add_argument("--cwd", metavar="DIR", help="working directory of the tools")
-    p.add_argument("--system", metavar="FILE", help="file holding the system prompt")
-    p.add_argument("--workers", metavar="N", help="tool worker processes (default 4)")
-    p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
-    p.add_argument("--tool-timeout", metavar="S", help="default timeout of a tool call")
-    p.add_argument(
-        "--pass-env",
-        metavar="NAME",
-        action="append",
-        default=[],
-        help="let a model key variable reach the tools (repeatable)",
-    )
-    p.add_argument("--thinking", choices=("on", "off"), help="DeepSeek thinking (default on)")
+    add_agent_options(p, job=False)
     return p
 
 

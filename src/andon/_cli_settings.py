@@ -8,6 +8,7 @@ never resumes its parent's session by accident.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import tomllib
@@ -153,3 +154,31 @@ def resolve(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -
         else:
             values[name] = value
     return Settings(**values)
+
+
+def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
+    """The options every agent command shares (``run``, ``resume``, ``chat``); ``job`` adds those
+    of a one-shot job. ``None`` means "not given", so andon.toml and ANDON_* apply."""
+    p.add_argument("--model", metavar="SPEC", help="deepseek-v4-flash, openai:M, URL#M, script:F")
+    p.add_argument("--cwd", metavar="DIR", help="working directory of the tools")
+    p.add_argument("--system", metavar="FILE", help="file holding the system prompt")
+    if job:
+        p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
+    p.add_argument("--workers", metavar="N", help="tool worker processes (default 4)")
+    p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
+    p.add_argument("--tool-timeout", metavar="S", help="default timeout of a tool call")
+    if job:
+        p.add_argument(
+            "--turn-budget", metavar="SECONDS", help="stop a turn after this long (exit 5)"
+        )
+        p.add_argument(
+            "--max-steps", metavar="N", help="stop a turn after this many steps (exit 5)"
+        )
+    p.add_argument(
+        "--pass-env",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="let a model key variable reach the tools (repeatable)",
+    )
+    p.add_argument("--thinking", choices=("on", "off"), help="DeepSeek thinking (default on)")

@@ -92,24 +92,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by run and resume; ``None`` means "not given" (andon.toml/ANDON_* apply)."""
-    p.add_argument("--model", metavar="SPEC", help="deepseek-v4-flash, openai:M, URL#M, script:F")
-    p.add_argument("--cwd", metavar="DIR", help="working directory of the tools")
-    p.add_argument("--system", metavar="FILE", help="file holding the system prompt")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--workers", metavar="N", help="tool worker processes (default 4)")
-    p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
-    p.add_argument("--tool-timeout", metavar="S", help="default timeout of a tool call")
-    p.add_argument("--turn-budget", metavar="SECONDS", help="stop a turn after this long (exit 5)")
-    p.add_argument("--max-steps", metavar="N", help="stop a turn after this many steps (exit 5)")
-    p.add_argument(
-        "--pass-env",
-        metavar="NAME",
-        action="append",
-        default=[],
-        help="let a model key variable reach the tools (repeatable)",
-    )
-    p.add_argument("--thinking", choices=("on", "off"), help="DeepSeek thinking (default on)")
+    """Options shared by run and resume."""
+    from andon._cli_settings import add_agent_options
+
+    add_agent_options(p, job=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
