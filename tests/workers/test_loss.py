@@ -146,3 +146,20 @@ async def test_cancel_for_a_finished_call_is_ignored() -> None:
         outcome = await task
         assert outcome.ended_by == "interrupt"
         assert pool.error_replies == []
+
+
+@pytest.mark.parametrize("mode", [MODES[0]])
+async def test_a_dead_supervisors_cgroup_tree_is_swept_at_the_next_start(mode: str) -> None:
+    from pathlib import Path
+
+    from andon.workers._containment import cgroup2_root
+
+    root = cgroup2_root()
+    assert root is not None
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer exists
+    stale = Path(root) / f"andon-{gone.pid}"
+    (stale / "call-c1-1-1").mkdir(parents=True)
+    (stale / "worker-w1").mkdir()
+    async with running_pool(mode):
+        assert not stale.exists()

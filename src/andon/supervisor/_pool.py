@@ -187,6 +187,7 @@ class WorkerPool:
         if self.containment == "cgroup":
             root = cgroup2_root()
             if root is not None:
+                CgroupTree.sweep_stale(root)
                 self._cgroups = CgroupTree(root, os.getpid())
                 self._cgroups.create_base()
         self._ctx = zmq.asyncio.Context()

@@ -131,6 +131,31 @@ class CgroupTree:
         except OSError as e:
             return e.errno == errno.ENOENT
 
+    @staticmethod
+    def sweep_stale(root: Path) -> int:
+        """Remove the trees of supervisors that died without cleaning up (kill -9 leaves an
+        ``andon-<pid>`` folder behind). A tree is stale only if its pid is gone; anything still
+        inside is SIGKILLed through ``cgroup.kill`` first. Returns how many trees were removed."""
+        removed = 0
+        for base in root.glob("andon-*"):
+            try:
+                pid = int(base.name.removeprefix("andon-"))
+                os.kill(pid, 0)
+                continue  # alive (or a reused pid): not ours to touch
+            except ValueError:
+                continue
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            for leaf in base.iterdir():
+                if leaf.is_dir():
+                    CgroupTree.kill(leaf)
+                    CgroupTree.remove(leaf)
+            if CgroupTree.remove(base):
+                removed += 1
+        return removed
+
     def remove_all(self) -> None:
         """Remove every leaf and the top folder (after their processes are gone)."""
         if not self.base.exists():
