@@ -167,7 +167,7 @@ async def test_barriers_arriving_during_a_sync_share_the_next_one(tmp_path: Path
         for _, data in sim.events[1:]:
             log.append(data)
         others = [asyncio.ensure_future(log.barrier()) for _ in range(5)]
-        await asyncio.sleep(0)  # let the five register (not for ordering: they are all pending)
+        await asyncio.sleep(0)  # sleep-ok: one tick so the five waiters register
         assert not first.done()
         fsync.release.set()
         await asyncio.gather(first, *others)
