@@ -35,7 +35,7 @@ from andon.protocol import (
     Signalled,
     Started,
 )
-from andon.supervisor._outcome import StageMark, ToolOutcome, format_output, status_line
+from andon.supervisor._outcome import StageMark, ToolOutcome, format_output, not_run, status_line
 from andon.supervisor._pool import WorkerGone, WorkerLease, WorkerPool
 from andon.workers import ArgumentError, Tool, ToolRegistry, validate_arguments
 
@@ -81,25 +81,11 @@ _TICK, _ABORT, _FORCE = _Tick(), _Abort(), _Force()
 
 
 def aborted_before_dispatch(call_id: str) -> ToolOutcome:
-    message = "tool call aborted before dispatch"
-    return ToolOutcome(
-        call_id=call_id,
-        content=f"Error: {message}",
-        is_error=True,
-        ended_by="not-run",
-        duration=0.0,
-        error=ErrorInfo(name="Aborted", code=ErrorCode.ABORTED_BEFORE_DISPATCH, message=message),
-    )
-
-
-def _not_run(call_id: str, code: ErrorCode, name: str, message: str) -> ToolOutcome:
-    return ToolOutcome(
-        call_id=call_id,
-        content=f"Error: {message}",
-        is_error=True,
-        ended_by="not-run",
-        duration=0.0,
-        error=ErrorInfo(name=name, code=code, message=message),
+    return not_run(
+        call_id,
+        ErrorCode.ABORTED_BEFORE_DISPATCH,
+        "Aborted",
+        "tool call aborted before dispatch",
     )
 
 
@@ -141,7 +127,7 @@ class ToolExecutor:
         tool = self.registry.get(request.name)
         if tool is None:
             known = ", ".join(self.registry.names) or "none"
-            return _not_run(
+            return not_run(
                 request.call_id,
                 ErrorCode.UNKNOWN_TOOL,
                 "UnknownTool",
@@ -150,7 +136,7 @@ class ToolExecutor:
         try:
             arguments = validate_arguments(tool.parameters, request.arguments)
         except ArgumentError as e:
-            return _not_run(
+            return not_run(
                 request.call_id,
                 ErrorCode.INVALID_ARGUMENTS,
                 "InvalidArguments",

@@ -14,7 +14,7 @@ from typing import Any
 from andon.base import Cause, ErrorCode
 from andon.protocol import EndedBy, ErrorInfo, Started
 
-__all__ = ["StageMark", "ToolOutcome", "format_output", "status_line"]
+__all__ = ["StageMark", "ToolOutcome", "format_output", "not_run", "status_line"]
 
 _SIGNAL_NAMES = {2: "SIGINT", 9: "SIGKILL", 15: "SIGTERM", 1: "SIGHUP", 6: "SIGABRT", 11: "SIGSEGV"}
 _STAGE_SIGNAL = {"interrupt": "SIGINT", "term": "SIGTERM", "kill": "SIGKILL"}
@@ -73,6 +73,18 @@ class ToolOutcome:
     @property
     def code(self) -> ErrorCode | None:
         return self.error.code if self.error is not None else None
+
+
+def not_run(call_id: str, code: ErrorCode, name: str, message: str) -> ToolOutcome:
+    """The result of a call that never ran (skipped, denied, invalid, unknown, ...)."""
+    return ToolOutcome(
+        call_id=call_id,
+        content=f"Error: {message}",
+        is_error=True,
+        ended_by="not-run",
+        duration=0.0,
+        error=ErrorInfo(name=name, code=code, message=message),
+    )
 
 
 def format_output(head: bytes, tail: bytes, total: int, spill: str | None) -> str:

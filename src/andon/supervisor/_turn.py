@@ -39,7 +39,7 @@ from andon.llm import (
     ToolCallDelta,
     Usage,
 )
-from andon.protocol import ErrorInfo, Started
+from andon.protocol import Started
 from andon.session import (
     AssistantChunk,
     AssistantMessage,
@@ -69,7 +69,7 @@ from andon.session import (
 )
 from andon.supervisor._executor import ExecutionObserver, ToolCallRequest, aborted_before_dispatch
 from andon.supervisor._hooks import Deny, PostTool, PreTool, Reject, ToolCallInfo, call_pre_step
-from andon.supervisor._outcome import ToolOutcome
+from andon.supervisor._outcome import ToolOutcome, not_run
 from andon.supervisor._subagent import SubagentCall
 
 if TYPE_CHECKING:
@@ -508,24 +508,9 @@ def _result_record(turn: int, step: int, outcome: ToolOutcome) -> ToolResult:
 
 
 def _denied(call_id: str, reason: str) -> ToolOutcome:
-    message = f"denied by policy: {reason}"
-    return ToolOutcome(
-        call_id=call_id,
-        content=f"Error: {message}",
-        is_error=True,
-        ended_by="not-run",
-        duration=0.0,
-        error=ErrorInfo(name="Denied", code=ErrorCode.DENIED, message=message),
-    )
+    return not_run(call_id, ErrorCode.DENIED, "Denied", f"denied by policy: {reason}")
 
 
 def _internal_outcome(call_id: str, error: BaseException) -> ToolOutcome:
     message = f"internal error in andon's tool scheduler: {type(error).__name__}: {error}"
-    return ToolOutcome(
-        call_id=call_id,
-        content=f"Error: {message}",
-        is_error=True,
-        ended_by="not-run",
-        duration=0.0,
-        error=ErrorInfo(name="InternalError", code=ErrorCode.INTERNAL, message=message),
-    )
+    return not_run(call_id, ErrorCode.INTERNAL, "InternalError", message)
