@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import select
+import secrets
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import zmq
 import zmq.asyncio
 
 from _stats import summary, table
+from andon._bench import _floors
 from andon.base import AbortController, GracePolicy, User
 from andon.supervisor import (
     ExecutionObserver,
@@ -42,7 +42,6 @@ from andon.supervisor import (
 )
 from andon.testing import SHELL_SLEEP, STUBBORN, TRAP_INT, benchmark_tree
 from andon.workers import default, tool
-from andon.workers._procfs import scan
 
 GRACE = GracePolicy(term_after=0.2, kill_after=0.3)
 
@@ -115,84 +114,16 @@ def subprocess_true(n: int) -> list[float]:
 
 
 def bare_stop(command: str, signals: list[tuple[int, float]]) -> tuple[float, int]:
-    """Start ``command`` in its own group, wait for ``ready``, then send ``signals`` (signal,
-    seconds after the first) to the group and reap the leader. Returns (seconds from the first
-    signal to the leader reaped, processes of the tree still alive afterwards)."""
-    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, start_new_session=True)
-    assert proc.stdout is not None
-    buf = b""
-    while b"ready" not in buf:
-        buf += os.read(proc.stdout.fileno(), 4096)
-    tag_sid = proc.pid
-    t0 = time.perf_counter()
-    for sig, at in signals:
-        delay = at - (time.perf_counter() - t0)
-        if delay > 0:
-            try:
-                proc.wait(timeout=delay)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-    proc.wait()
-    took = time.perf_counter() - t0
-    proc.stdout.close()
-    leftovers = [p.pid for p in scan() if p.sid == tag_sid and not p.zombie]
-    leftovers += _escapees(command)
-    for pid in set(leftovers):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return took, len(set(leftovers))
+    """The bare floor (killpg + reap of the leader). What it leaves is found by a tag of this
+    run's own, never by command line: another benchmark or test suite may run the same
+    commands beside this one."""
+    return _floors.bare_stop(command, signals, secrets.token_hex(8))
 
 
 def bare_stop_everything(command: str) -> float:
     """The fair floor for a tree: what andon does (SIGINT to the group, reap the leader, SIGTERM
-    to every process left, including escapees, and wait until all are gone), with nothing in
-    between. Returns seconds from the SIGINT to the last process gone."""
-    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, start_new_session=True)
-    assert proc.stdout is not None
-    buf = b""
-    while b"ready" not in buf:
-        buf += os.read(proc.stdout.fileno(), 4096)
-    t0 = time.perf_counter()
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.wait()
-    left = {p.pid for p in scan() if p.sid == proc.pid and not p.zombie} | set(_escapees(command))
-    fds = []
-    for pid in left:
-        try:
-            fds.append(os.pidfd_open(pid))
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    pending = set(fds)
-    while pending:
-        ready, _, _ = select.select(list(pending), [], [], 5)
-        pending -= set(ready)
-    took = time.perf_counter() - t0
-    for fd in fds:
-        os.close(fd)
-    proc.stdout.close()
-    return took
-
-
-def _escapees(command: str) -> list[int]:
-    """Processes of a tree that left its session (found by their command line)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if b"echo tick >>" in cmd or cmd == b"sleep\x001000\x00":
-            found.append(int(entry))
-    return found
+    to every process left, including escapees, and wait until all are gone)."""
+    return _floors.bare_stop_everything(command, secrets.token_hex(8))
 
 
 # -- andon --------------------------------------------------------------------------------------

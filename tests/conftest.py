@@ -9,55 +9,38 @@ fork) and looks for the tag in ``/proc/*/environ`` after each test and at the en
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import os
 import secrets
+import signal
 from collections.abc import Iterator
 
-import psutil
 import pytest
+
+from andon.base import procs
+from andon.base.procs import ProcInfo
+from tests.support import alive_after
 
 TAG_VAR = "ANDON_TEST_RUN"
 TAG = secrets.token_hex(8)
 os.environ[TAG_VAR] = TAG
-_SELF = os.getpid()
+ENTRY = f"{TAG_VAR}={TAG}".encode()
 
 
-def tagged_processes() -> list[psutil.Process]:
+def tagged_processes() -> list[ProcInfo]:
     """Live (non-zombie) processes, other than this one, that carry this run's tag."""
-    needle = f"{TAG_VAR}={TAG}".encode()
-    found: list[psutil.Process] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == _SELF:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                environ = f.read()
-            if needle not in environ.split(b"\0"):
-                continue
-            proc = psutil.Process(int(entry.name))
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                _reap_if_ours(proc.pid)
-                continue
-            found.append(proc)
-        except (OSError, psutil.Error):
-            continue  # gone meanwhile, or not readable
-    return found
+    return procs.tagged(ENTRY, exclude=(os.getpid(),))
 
 
-def _reap_if_ours(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _describe(procs: list[psutil.Process]) -> str:
+def _describe(found: list[ProcInfo]) -> str:
     lines = []
-    for proc in procs:
+    for p in found:
         try:
-            lines.append(f"  pid {proc.pid} (ppid {proc.ppid()}): {' '.join(proc.cmdline())[:200]}")
-        except psutil.Error:
-            lines.append(f"  pid {proc.pid}: (gone)")
+            with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmdline = "(gone)"
+        lines.append(f"  pid {p.pid} (ppid {p.ppid}): {cmdline[:200]}")
     return "\n".join(lines)
 
 
@@ -66,23 +49,13 @@ def _check_and_clean(when: str) -> None:
     if not leftovers:
         return
     # A process that is on its way out (killed, not yet reaped) gets a bounded moment to finish.
-    _, alive = psutil.wait_procs(leftovers, timeout=3.0)
-    alive = [p for p in alive if _alive(p)]
+    alive = alive_after(leftovers, timeout=3.0)
     if not alive:
         return
     report = _describe(alive)
-    for proc in alive:  # clean up so that one leak does not fail every later test
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=3.0)
+    # Clean up so that one leak does not fail every later test; only this run's tag is touched.
+    procs.signal_tagged(ENTRY, signal.SIGKILL, wait=3.0)
     pytest.fail(f"{when} left {len(alive)} process(es) running:\n{report}", pytrace=False)
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 @pytest.fixture(autouse=True)

@@ -114,32 +114,24 @@ class _Signals:
             self.hard_exit()
 
     def hard_exit(self) -> None:
-        """Third Ctrl-C: SIGKILL every tool process group still running, then exit at once. The
-        workers see this process die (pidfd) and exit; the next load repairs the log."""
-        groups = set(self.out.tracker.in_flight.values())
+        """Third Ctrl-C: SIGKILL the processes of every tool call still running, then exit at
+        once. The workers see this process die (pidfd) and exit; the next load repairs the log.
+
+        The calls' processes are found as crash repair finds them (their tag and start time, or
+        their proven cgroup, from the log): never a bare group id, which by now may be another
+        session's."""
+        from andon.session import kill_in_flight, read
+
+        killed = 0
         with contextlib.suppress(Exception):
-            groups |= _groups_in_flight(self.session)
-        for pgid in groups:
-            if pgid:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, signal.SIGKILL)
-        say(f"SIGINT a third time: killed {len(groups)} tool process group(s); exiting now")
+            killed = kill_in_flight(read(self.session))
+        calls = len(self.out.tracker.in_flight)
+        say(
+            f"SIGINT a third time: killed {killed} process(es) of {calls} tool call(s); exiting now"
+        )
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         os._exit(128 + (self.first or signal.SIGINT))
-
-
-def _groups_in_flight(session: Path) -> set[int | None]:
-    from andon.session import read
-
-    started: dict[str, int | None] = {}
-    for record in read(session):
-        data = record.to_dict()["data"]
-        if record.type == "tool/started":
-            started[data["call_id"]] = data.get("pgid")
-        elif record.type == "tool/result":
-            started.pop(data.get("call_id"), None)
-    return set(started.values())
 
 
 def load_model(spec: str | None, thinking: bool | None) -> Model:

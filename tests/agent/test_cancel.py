@@ -9,7 +9,7 @@ from andon.base import GracePolicy, User
 from andon.llm import Scripted
 from andon.testing import benchmark_tree
 from tests.agent.support import Watcher, agent_for, assert_sound, kinds, records, turn_ends
-from tests.workers.test_grace import call_processes
+from tests.support import session_leftovers
 
 ABORTED_USER = {"kind": "aborted", "reason": {"kind": "user"}}
 
@@ -130,7 +130,7 @@ async def test_cancel_while_bash_runs_the_tree_ends_after_the_tree_is_gone(
         agent.cancel(User())
         await agent.when_idle()
         await watcher.close()
-        assert call_processes("c1-1-1") == []  # before the agent is even closed
+        assert session_leftovers(tmp_path / "s", "c1-1-1") == []  # before the agent is closed
     folder = tmp_path / "s"
     stages = [r["data"]["stage"] for r in records(folder) if r["type"] == "tool/signal"]
     assert stages[0] == "interrupt" and "sweep-term" in stages

@@ -13,8 +13,8 @@ from andon.llm import Scripted
 from andon.session import check, load, read
 from andon.supervisor import subagent_tool
 from tests.agent.support import Watcher, agent_for, assert_sound, records, turn_ends
+from tests.support import session_leftovers
 from tests.workers.pytools import registry
-from tests.workers.test_grace import call_processes
 from tests.workers.test_loss import REPO, wait_all_exited
 
 DELEGATE = {"tool_calls": [{"name": "subagent", "arguments": {"task": "run the slow check"}}]}
@@ -67,7 +67,7 @@ async def test_cancelling_the_parent_stops_the_child_and_its_tool(tmp_path: Path
     result = next(r["data"] for r in records(tmp_path) if r["type"] == "tool/result")
     assert "the subagent was aborted by parent agent" in result["content"]
     assert result["error"]["code"] == "ABORTED"
-    assert call_processes("c1-1-1") == []
+    assert session_leftovers(child_dir, "c1-1-1") == []
     assert_sound(child_dir)
     assert_sound(tmp_path)
 

@@ -439,3 +439,64 @@ def test_the_ci_build_example_goes_red_then_green(tmp_path: Path) -> None:
     assert result.stdout.rstrip().endswith("ended: completed")
     assert "3 passed, 0 failed" in result.stdout
     assert "5 tool calls" in result.stderr
+
+
+def test_sigint_to_one_run_leaves_another_runs_same_call_id_running(
+    tmp_path: Path, killer: list[Any]
+) -> None:
+    # Two andon processes on one machine, each with its call c1-1-1. Stopping one must leave
+    # the other's tool running to its own end (it waits on a gate the test opens afterwards).
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    command = f"echo ready; read word < {gate}; echo finished $word"
+    theirs = start(
+        "run",
+        "--json",
+        "--model",
+        script(
+            tmp_path / "theirs.json",
+            [
+                {
+                    "text": "Waiting.",
+                    "tool_calls": [{"name": "bash", "arguments": {"command": command}}],
+                },
+                {"text": "Done."},
+            ],
+        ),
+        "--session",
+        str(tmp_path / "theirs"),
+        "wait",
+        cwd=tmp_path,
+    )
+    killer.append(theirs)
+    read_until(theirs, is_tool_output)
+    mine = start(
+        "run",
+        "--json",
+        "--grace",
+        "1,1",
+        "--model",
+        long_script(tmp_path, STUBBORN),  # needs the whole ladder: SIGINT, SIGTERM, SIGKILL
+        "--session",
+        str(tmp_path / "mine"),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(mine)
+    read_until(mine, is_tool_output)
+    os.kill(mine.pid, signal.SIGINT)
+    code, _, _ = finish(mine)
+    assert code == 130
+    assert theirs.poll() is None
+    fd = os.open(gate, os.O_WRONLY)  # the other run's tool is still there to read it
+    try:
+        os.write(fd, b"normally\n")
+    finally:
+        os.close(fd)
+    code, events, err = finish(theirs)
+    assert code == 0, err
+    (result,) = [e["data"] for e in events if e.get("type") == "tool/result"]
+    assert result["exit"] == {"code": 0, "signal": None}
+    assert "finished normally" in result["content"]
+    assert_balanced(tmp_path / "mine")
+    assert_balanced(tmp_path / "theirs")

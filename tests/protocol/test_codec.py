@@ -52,6 +52,7 @@ INF = math.inf
 RUN = Run(
     call_id="c1-1-1",
     tool="bash",
+    tag="s-3f9a1c2b7d40-c1-1-1",
     arguments={"command": "make -j2 && echo ✓", "nested": [1, 2.5, None, True, {"k": "v"}]},
     cwd="/home/ci/build",
     timeout=INF,
@@ -77,9 +78,9 @@ SAMPLES: list[Message] = [
         call_id="c1-1-1",
         pid=4301,
         pgid=4301,
-        create_time=1764661201.115,
+        create_time=1764661201.11,
         containment="cgroup",
-        cgroup="/sys/fs/cgroup/andon-4242/call-c1-1-1",
+        cgroup="/sys/fs/cgroup/andon-4242-0f3a9c2e/call-s-3f9a1c2b7d40-c1-1-1",
     ),
     Started(call_id="c1-1-1", pid=5, pgid=5, create_time=0.0, containment="pgroup", cgroup=None),
     Output(call_id="c1-1-1", stream="stdout", data=b"gcc -c a.c\n\xff\xfe\x00", offset=0),
@@ -265,14 +266,14 @@ def test_header_not_a_map(header: object) -> None:
     ("header", "match"),
     [
         ({"type": "run", "call_id": "c1-1-1"}, "no 'v'"),
-        ({"v": 1, "call_id": "c1-1-1"}, "no 'type'"),
-        ({"v": 1, "type": 7}, "'type' is not a string"),
-        ({"v": 1, "type": b"run"}, "'type' is not a string"),
-        ({"v": 1, "type": "run", "call_id": 3}, "'call_id' is not a string"),
-        ({"v": 1, "type": "run", "call_id": None}, "'call_id' is not a string"),
-        ({"v": 1, "type": "run", "call_id": "c1-1-1", "extra": 1}, "unexpected key extra"),
-        ({"v": 1, "type": "run"}, "does not match"),
-        ({"v": 1, "type": "run", "call_id": "c9-9-9"}, "does not match"),
+        ({"v": 2, "call_id": "c1-1-1"}, "no 'type'"),
+        ({"v": 2, "type": 7}, "'type' is not a string"),
+        ({"v": 2, "type": b"run"}, "'type' is not a string"),
+        ({"v": 2, "type": "run", "call_id": 3}, "'call_id' is not a string"),
+        ({"v": 2, "type": "run", "call_id": None}, "'call_id' is not a string"),
+        ({"v": 2, "type": "run", "call_id": "c1-1-1", "extra": 1}, "unexpected key extra"),
+        ({"v": 2, "type": "run"}, "does not match"),
+        ({"v": 2, "type": "run", "call_id": "c9-9-9"}, "does not match"),
     ],
 )
 def test_bad_headers(header: dict[str, object], match: str) -> None:
@@ -485,7 +486,7 @@ def test_encode_can_refuse_an_oversized_message() -> None:
         encode(RUN, max_bytes=size - 1)
 
 
-@pytest.mark.parametrize("version", [0, 2, -1, 2**64 - 1, "1", 1.0, True, None, [1]], ids=repr)
+@pytest.mark.parametrize("version", [0, 1, 3, -1, 2**64 - 1, "2", 2.0, True, None, [1]], ids=repr)
 def test_wrong_version(version: object) -> None:
     frames = frames_of(RUN, header=lambda h: changed(h, v=version))
     with pytest.raises(VersionMismatch) as info:
@@ -496,13 +497,13 @@ def test_wrong_version(version: object) -> None:
 
 
 def test_version_is_checked_before_anything_else_in_the_header() -> None:
-    header = msgpack.packb({"v": 2, "type": "from-the-future", "flags": [1, 2]})
+    header = msgpack.packb({"v": 3, "type": "from-the-future", "flags": [1, 2]})
     with pytest.raises(VersionMismatch):
         decode([header, b"\xc1 not even msgpack"])
 
 
 def test_unknown_type_keeps_the_call_id() -> None:
-    header = msgpack.packb({"v": 1, "type": "teleport", "call_id": "c1-1-1"})
+    header = msgpack.packb({"v": 2, "type": "teleport", "call_id": "c1-1-1"})
     with pytest.raises(UnknownMessage) as info:
         decode([header, msgpack.packb({})])
     assert info.value.type_name == "teleport"

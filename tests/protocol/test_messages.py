@@ -33,7 +33,7 @@ PROTOCOL_SRC = Path(protocol.__file__).parent
 
 
 def test_protocol_version_is_one() -> None:
-    assert PROTOCOL_VERSION == 1
+    assert PROTOCOL_VERSION == 2
 
 
 def test_every_message_class_is_in_the_union_and_has_a_unique_tag() -> None:
@@ -101,6 +101,7 @@ def test_defaults() -> None:
     run = Run(
         call_id="c1-1-1",
         tool="bash",
+        tag="x-0-c1-1-1",
         arguments={"command": "true"},
         cwd="/",
         timeout=None,

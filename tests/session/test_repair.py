@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import select
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from andon.base import LogCorrupted, ManualClock, SessionLive
@@ -20,9 +15,6 @@ from andon.session import (
     REPAIR_TEXTS,
     Record,
     SessionRepaired,
-    TextBlock,
-    ToolCallBlock,
-    ToolStarted,
     check,
     fold_state,
     history,
@@ -226,120 +218,6 @@ def test_an_open_turn_without_a_step_gets_only_its_turn_end(tmp_path: Path) -> N
     assert check(loaded.events) == []
 
 
-def _crashed_with_started(folder: Path, started: ToolStarted | None) -> None:
-    sim = Sim()
-    sim.start()
-    sim.queue("Run it.")
-    sim.begin_turn()
-    sim.begin_step(sim.claim(first_step=True))
-    calls = sim.reply([TextBlock("Running."), ToolCallBlock("c1-1-1", "bash", "{}")])
-    sim.tool_call(calls[0])
-    if started is not None:
-        sim.emit(started)
-    folder.mkdir()
-    (folder / "events.jsonl").write_bytes(b"".join(lines_of(sim.data())))
-
-
-def _spawn_tool() -> subprocess.Popen[bytes]:
-    """A 'tool' process group: bash with a background child, like a build left running."""
-    proc = subprocess.Popen(
-        ["bash", "-c", "sleep 60 & echo started; wait"],
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == b"started\n"  # the child exists once this is printed
-    return proc
-
-
-def _exited(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the tool's group (if still there) and wait until every member has exited."""
-    if proc.poll() is None:
-        pidfds = [os.pidfd_open(p.pid) for p in psutil.Process(proc.pid).children()]
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        poller = select.poll()
-        for fd in pidfds:
-            poller.register(fd, select.POLLIN)
-        pending = set(pidfds)
-        try:
-            while pending:  # a pidfd turns readable when its process exits
-                ready = poller.poll(10_000)
-                assert ready, "a killed process did not exit"
-                for fd, _event in ready:
-                    poller.unregister(fd)
-                    pending.discard(fd)
-        finally:
-            for fd in pidfds:
-                os.close(fd)
-    assert proc.stdout is not None
-    proc.stdout.close()
-
-
-def _started(proc: subprocess.Popen[bytes], **change: Any) -> ToolStarted:
-    fields: dict[str, Any] = {
-        "turn": 1,
-        "step": 1,
-        "call_id": "c1-1-1",
-        "worker": "w1",
-        "host": socket.gethostname(),
-        "pid": proc.pid,
-        "pgid": proc.pid,
-        "create_time": psutil.Process(proc.pid).create_time(),
-        "containment": "pgroup",
-    }
-    fields.update(change)
-    return ToolStarted(**fields)
-
-
-def test_leftover_processes_of_an_unknown_outcome_call_are_killed(tmp_path: Path) -> None:
-    proc = _spawn_tool()
-    child = psutil.Process(proc.pid).children()[0]
-    try:
-        _crashed_with_started(tmp_path / "s", _started(proc))
-        loaded = load(tmp_path / "s")
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-        summary = loaded.events[-1].data
-        assert isinstance(summary, SessionRepaired)
-        assert summary.killed_leftovers == 2  # bash and its background sleep
-        assert {lf.via for lf in loaded.report.leftovers} == {"leader", "descendant"}
-        # repair waited (on pidfds) until both had exited: the orphaned sleep is at most a
-        # zombie now, waiting for init to reap it
-        assert _exited(child)
-    finally:
-        _reap(proc)
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"create_time": 1_000_000.0},  # the pid was reused by another process
-        {"host": "some-other-runner"},  # it ran on another machine
-    ],
-)
-def test_a_process_that_is_not_provably_the_tool_is_never_touched(
-    tmp_path: Path, change: dict[str, Any]
-) -> None:
-    proc = _spawn_tool()
-    try:
-        _crashed_with_started(tmp_path / "s", _started(proc, **change))
-        plan = repair(tmp_path / "s", dry_run=True)
-        assert plan.leftovers == ()
-        loaded = load(tmp_path / "s")
-        summary = loaded.events[-1].data
-        assert isinstance(summary, SessionRepaired) and summary.killed_leftovers == 0
-        assert proc.poll() is None  # still running
-    finally:
-        _reap(proc)
-
-
 def test_a_session_locked_by_another_live_process_is_refused(tmp_path: Path) -> None:
     folder = copy_fixture("crashed-mid-tool", tmp_path)
     holder = subprocess.Popen(
@@ -369,46 +247,3 @@ def test_a_session_locked_by_another_live_process_is_refused(tmp_path: Path) -> 
 def test_records_returned_by_load_are_records() -> None:
     # a small guard for users: the public type of load().events
     assert Record.__name__ == "Record"
-
-
-def _cgroup2_mount() -> Path | None:
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3 and parts[2] == "cgroup2":
-                return Path(parts[1])
-    return None
-
-
-def test_a_recorded_cgroup_is_killed_even_when_the_leader_cannot_be_verified(
-    tmp_path: Path,
-) -> None:
-    mount = _cgroup2_mount()
-    if mount is None or not (mount / "cgroup.procs").exists():
-        pytest.skip("no cgroup v2 hierarchy here")
-    cgroup = mount / f"andon-session-test-{os.getpid()}"
-    try:
-        cgroup.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cgroup v2 is not writable here: {exc}")
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        if not (cgroup / "cgroup.kill").exists():
-            pytest.skip("this kernel has no cgroup.kill")
-        (cgroup / "cgroup.procs").write_text(str(proc.pid))
-        # the recorded start time does not match, so only the call's cgroup can reach it
-        started = ToolStarted(
-            1, 1, "c1-1-1", "w1", socket.gethostname(), proc.pid, proc.pid, 1.0,
-            "cgroup", str(cgroup),
-        )  # fmt: skip
-        _crashed_with_started(tmp_path / "s", started)
-        loaded = load(tmp_path / "s")
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-        assert [lf.via for lf in loaded.report.leftovers] == ["cgroup"]
-        summary = loaded.events[-1].data
-        assert isinstance(summary, SessionRepaired) and summary.killed_leftovers == 1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        cgroup.rmdir()

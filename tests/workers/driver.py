@@ -37,7 +37,13 @@ async def main(mode: str) -> None:
         await recorder.wait_output()
         assert recorder.started is not None
         print(
-            json.dumps({"workers": list(pool.workers.values()), "tool": recorder.started.pid}),
+            json.dumps(
+                {
+                    "workers": list(pool.workers.values()),
+                    "tool": recorder.started.pid,
+                    "owner": executor.identity,
+                }
+            ),
             flush=True,
         )
         outcome = await task

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from pathlib import Path
 
-import psutil
 import pytest
 
-from andon.base import ErrorCode, GracePolicy, ManualClock, User
+from andon.base import ErrorCode, GracePolicy, ManualClock, User, executor_id, procs
+from andon.supervisor import ToolExecutor
 from andon.testing import (
     SHELL_SLEEP,
     STUBBORN,
@@ -18,13 +17,13 @@ from andon.testing import (
     benchmark_tree,
     leader_obeys_member_stubborn,
 )
-from andon.workers._procfs import with_environ_entry
+from tests.support import call_entry, leftovers
 from tests.workers.support import MODES, bash, running_pool, start
 
 
-def call_processes(call_id: str) -> list[int]:
-    """Live processes whose environment says they belong to ``call_id``."""
-    return [p.pid for p in with_environ_entry(f"ANDON_CALL_ID={call_id}".encode())]
+def call_processes(executor: ToolExecutor, call_id: str) -> list[int]:
+    """Processes of this executor's call ``call_id`` still alive after a bounded wait."""
+    return [p.pid for p in leftovers(call_entry(executor.identity, call_id))]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -41,7 +40,7 @@ async def test_sleep_dies_on_sigint(mode: str) -> None:
     assert rec.stages == ["interrupt"]
     assert "[stopped: aborted by user; SIGINT at +0.00s" in outcome.content
     assert outcome.content.startswith("ready\n")
-    assert call_processes("c1-1-1") == []
+    assert call_processes(executor, "c1-1-1") == []
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -83,7 +82,7 @@ async def test_group_ignoring_int_and_term_is_killed(mode: str) -> None:
         "term",
         "kill",
     ]
-    assert call_processes("c1-1-1") == []
+    assert call_processes(executor, "c1-1-1") == []
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -101,7 +100,7 @@ async def test_sweep_kills_a_member_that_outlives_its_leader(mode: str) -> None:
     assert "sweep-term" in rec.stages and "sweep-kill" in rec.stages
     assert outcome.strays_killed >= 1
     assert "background process" in outcome.content
-    assert call_processes("c1-1-1") == []
+    assert call_processes(executor, "c1-1-1") == []
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -146,7 +145,7 @@ async def test_background_job_of_a_successful_call_is_killed(mode: str) -> None:
     assert outcome.strays_killed == 1
     assert "[andon stopped 1 background process this command left running]" in outcome.content
     assert "sweep-term" in rec.stages
-    assert call_processes("c1-1-1") == []
+    assert call_processes(executor, "c1-1-1") == []
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -161,10 +160,8 @@ async def test_failed_build_is_never_reported_as_success(mode: str) -> None:
     assert results[0].content.endswith("[exit code 2]")
 
 
-def _kill_tagged(call_id: str) -> None:
-    for pid in call_processes(call_id):
-        with contextlib.suppress(psutil.Error):
-            psutil.Process(pid).kill()
+def _kill_tagged(owner: str, call_id: str) -> None:
+    procs.signal_tagged(call_entry(owner, call_id), signal.SIGKILL, wait=5.0)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -175,8 +172,9 @@ async def test_benchmark_tree_stops_fast_and_the_daemon_stops_writing(
     # term_after=10: if the stop took the grace path it would take 10 s; the leader obeys SIGINT
     # and the sweep takes the rest at once.
     grace = GracePolicy(term_after=10.0, kill_after=10.0)
+    owner = executor_id()
     try:
-        async with running_pool(mode, grace=grace) as (_, executor):
+        async with running_pool(mode, grace=grace, identity=owner) as (_, executor):
             task, rec, controller = await start(
                 executor, bash("c1-1-1", benchmark_tree(str(ticks)))
             )
@@ -195,12 +193,12 @@ async def test_benchmark_tree_stops_fast_and_the_daemon_stops_writing(
             return
         assert outcome.unreachable == 0
         assert outcome.strays_killed >= 45
-        assert call_processes("c1-1-1") == []
+        assert call_processes(executor, "c1-1-1") == []
         size = ticks.stat().st_size
         await asyncio.sleep(0.1)  # sleep-ok: proving an absence (the file no longer grows)
         assert ticks.stat().st_size == size
     finally:
-        _kill_tagged("c1-1-1")
+        _kill_tagged(owner, "c1-1-1")
 
 
 async def test_a_tree_stop_reports_every_stage_with_targets() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import time
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 import httpx
 from httpx_sse import EventSource
 
-from andon.workers._procfs import with_environ_entry
+from andon.base import procs
 
 __all__ = ["bare_stop", "bare_stop_everything", "fsync_once", "httpx_close", "kill_tagged"]
 
@@ -28,22 +27,7 @@ TAG_VAR = "ANDON_BENCH_TAG"
 def kill_tagged(entry: bytes, timeout: float = 5.0) -> int:
     """SIGKILL every live process whose environment holds ``entry``; wait until all are gone.
     Returns how many there were."""
-    found = with_environ_entry(entry, exclude=(os.getpid(),))
-    fds = []
-    for info in found:
-        try:
-            fds.append(os.pidfd_open(info.pid))
-            os.kill(info.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    pending = set(fds)
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        ready, _, _ = select.select(list(pending), [], [], deadline - time.monotonic())
-        pending -= set(ready)
-    for fd in fds:
-        os.close(fd)
-    return len(found)
+    return procs.signal_tagged(entry, signal.SIGKILL, wait=timeout)
 
 
 def _start(command: str, tag: str) -> subprocess.Popen[bytes]:
@@ -80,9 +64,9 @@ def bare_stop(
                 break
             except subprocess.TimeoutExpired:
                 pass
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+        # The leader is our own unreaped child (proc.wait has not returned), so its group id
+        # cannot have been reused.
+        if not procs.killpg_pinned(proc.pid, sig):
             break
     proc.wait()
     took = time.perf_counter() - t0
@@ -101,24 +85,10 @@ def bare_stop_everything(command: str, tag: str, delay: float = 0.0) -> float:
     if delay:
         time.sleep(delay)  # sleep-ok: the random moment inside the activity
     t0 = time.perf_counter()
-    os.killpg(proc.pid, signal.SIGINT)
+    procs.killpg_pinned(proc.pid, signal.SIGINT)  # our unreaped child leads the group
     proc.wait()
-    fds = []
-    for info in with_environ_entry(entry, exclude=(os.getpid(),)):
-        try:
-            fds.append(os.pidfd_open(info.pid))
-            os.kill(info.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    pending = set(fds)
-    while pending:
-        ready, _, _ = select.select(list(pending), [], [], 5)
-        if not ready:
-            break
-        pending -= set(ready)
+    procs.signal_tagged(entry, signal.SIGTERM, wait=5.0)
     took = time.perf_counter() - t0
-    for fd in fds:
-        os.close(fd)
     assert proc.stdout is not None
     proc.stdout.close()
     kill_tagged(entry)

@@ -27,12 +27,11 @@ from typing import Any
 
 import httpx
 
-from andon.base import GracePolicy, User
+from andon.base import GracePolicy, User, call_tag, procs
 from andon.llm import OpenAICompatible
 from andon.supervisor import ToolCallRequest, ToolExecutor, WorkerPool, open_agent
 from andon.testing import SHELL_SLEEP, STUBBORN, TRAP_INT, MockModelServer, benchmark_tree
 from andon.workers import ToolRegistry
-from andon.workers._procfs import with_environ_entry
 
 from . import _floors
 from ._stats import summary
@@ -231,10 +230,15 @@ class Bench:
                     at_end = workspace_bytes(workspace)
                     await asyncio.wait_for(collector, 5)
                 await asyncio.sleep(AFTER)  # the 100 ms of quality.md: survivors and late bytes
-                call_ids = [r["data"]["call_id"] for r in records if r.get("type") == "tool/call"]
-                survivors = sum(
-                    len(with_environ_entry(f"ANDON_CALL_ID={cid}".encode())) for cid in call_ids
-                )
+                # Only this session's calls: a concurrent benchmark has the same call ids, but
+                # its own session id, so its processes carry other tags.
+                owner = agent.session_id or ""
+                entries = [
+                    procs.tag_entry(call_tag(owner, r["data"]["call_id"]))
+                    for r in records
+                    if r.get("type") == "tool/call"
+                ]
+                survivors = sum(len(procs.tagged(entry)) for entry in entries)
                 result.latencies.append(latency)
                 result.survivors.append(survivors)
                 result.bytes_after.append(workspace_bytes(workspace) - at_end)
@@ -255,8 +259,8 @@ class Bench:
                 if end_at:
                     result.to_turn_end.append(end_at[-1] - wall)
                 if survivors:  # never leave a process behind, even when andon did
-                    for cid in call_ids:
-                        _floors.kill_tagged(f"ANDON_CALL_ID={cid}".encode())
+                    for entry in entries:
+                        _floors.kill_tagged(entry)
 
     def _stage_at(self, ended_by: str) -> float:
         if ended_by.endswith("term"):
@@ -437,7 +441,7 @@ async def naive(
         result.latencies.append(time.perf_counter() - t)
         at_end = workspace_bytes(ws)
         await asyncio.sleep(AFTER)  # the same 100 ms as for andon
-        result.survivors.append(len(with_environ_entry(tag.encode(), exclude=(os.getpid(),))))
+        result.survivors.append(len(procs.tagged(tag.encode(), exclude=(os.getpid(),))))
         result.bytes_after.append(workspace_bytes(ws) - at_end)
         result.stage_at.append(0.0)
         result.ended_by["terminate"] += 1

@@ -30,6 +30,8 @@ from andon.base._errors import (
 from andon.base._grace import GracePolicy
 from andon.base._ids import (
     call_id,
+    call_tag,
+    executor_id,
     is_call_id,
     is_message_id,
     message_id,
@@ -73,7 +75,9 @@ __all__ = [
     "WorkerLost",
     "any_signal",
     "call_id",
+    "call_tag",
     "cause_from_dict",
+    "executor_id",
     "is_call_id",
     "is_message_id",
     "message_id",

@@ -5,9 +5,19 @@ from __future__ import annotations
 import re
 import secrets
 
-__all__ = ["call_id", "is_call_id", "is_message_id", "message_id", "parse_call_id", "session_id"]
+__all__ = [
+    "call_id",
+    "call_tag",
+    "executor_id",
+    "is_call_id",
+    "is_message_id",
+    "message_id",
+    "parse_call_id",
+    "session_id",
+]
 
 _MESSAGE_ID = re.compile(r"m-[0-9a-f]{12}")
+_TAG_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 _CALL_ID = re.compile(r"c([1-9][0-9]*)-([1-9][0-9]*)-([1-9][0-9]*)")
 
 
@@ -19,6 +29,25 @@ def message_id() -> str:
 def session_id() -> str:
     """``"s-"`` + 12 hex digits."""
     return "s-" + secrets.token_hex(6)
+
+
+def executor_id() -> str:
+    """``"x-"`` + 12 hex digits: the owner of calls run outside any session (library use)."""
+    return "x-" + secrets.token_hex(6)
+
+
+def call_tag(owner: str, call_id: str) -> str:
+    """The unique tag of one tool call: its owner (a session id) and its call id.
+
+    Call ids repeat in every session (``c1-1-1``); the owner's random part does not. The tag is
+    what every process of the call carries in its environment and what its cgroup is named
+    after, and crash repair derives it again from the log (session id + call id). ``ValueError``
+    unless both parts are safe in a file name.
+    """
+    for part in (owner, call_id):
+        if _TAG_PART.fullmatch(part) is None:
+            raise ValueError(f"{part!r} cannot name a call's processes (letters, digits, '-')")
+    return f"{owner}-{call_id}"
 
 
 def call_id(turn: int, step: int, n: int) -> str:

@@ -53,7 +53,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """The ``v`` of every header. A peer speaking another version is broken, not negotiated with."""
 
 # Closed sets of the wire. They are Literals rather than StrEnums because they travel as plain
@@ -153,6 +153,9 @@ class Run:
     """How many bytes of the start of the output the result's ``output_head`` keeps."""
     output_tail_bytes: int
     """How many bytes of the end of the output the result's ``output_tail`` keeps."""
+    tag: str
+    """The call's unique tag (owner + call id): set as ``ANDON_CALL_TAG`` in every process of the
+    call and naming its cgroup, so nothing of another session's calls is ever taken for it."""
     env_add: dict[str, str] = field(default_factory=dict)
     """Variables set for the tool (``ANDON_CALL_ID``, ``ANDON_SESSION``, ...). Read-only."""
     env_remove: tuple[str, ...] = ()
@@ -169,7 +172,9 @@ class Started:
     pid: int
     pgid: int
     create_time: float
-    """The leader's start time (psutil's), checked before signalling it: pids are reused."""
+    """The leader's start time as unix seconds, checked before signalling it: pids are reused.
+    Derived from the kernel's start time in clock ticks, it converts back exactly on this boot
+    (:class:`andon.base.procs.ProcessKey`)."""
     containment: Containment
     cgroup: str | None = None
     """The call's cgroup path when ``containment`` is ``cgroup``."""

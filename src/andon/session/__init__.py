@@ -18,7 +18,7 @@ Writing::
     log = andon.session.SessionLog.open(folder)  # takes the lock (SessionLive if held)
     log.append(TurnStart(1)); await log.barrier(); log.close()
 
-Imports only ``andon.base`` (and psutil for finding a crashed call's leftover processes).
+Imports only ``andon.base`` (whose ``procs`` finds a crashed call's leftover processes).
 """
 
 from andon.session._check import InvariantViolation, check
@@ -57,7 +57,14 @@ from andon.session._records import (
     UserMessageEntered,
     encode_line,
 )
-from andon.session._repair import REPAIR_TEXTS, LoadedSession, RepairReport, load, repair
+from andon.session._repair import (
+    REPAIR_TEXTS,
+    LoadedSession,
+    RepairReport,
+    kill_in_flight,
+    load,
+    repair,
+)
 from andon.session._tail import ClosingTexts
 from andon.session._transcript import render_transcript
 from andon.session._values import (
@@ -152,6 +159,7 @@ __all__ = [
     "fold_state",
     "history",
     "iter_records",
+    "kill_in_flight",
     "load",
     "read",
     "read_lock_holder",

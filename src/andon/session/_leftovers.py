@@ -5,41 +5,61 @@ that safety net failed too (the worker was killed with it, or hung). Crash repai
 finds before it writes a call's outcome-unknown result: a result saying "stopped" while the tool
 still writes into the workspace would be a lie.
 
-Never touch a stranger. A pid alone proves nothing (pids are reused), so:
+Never touch a stranger. A pid alone proves nothing (pids are reused, and call ids repeat in every
+session), and neither does a start time: clock ticks are 1/100 s, and a pid forced back into use
+(or wrapped on a busy machine) can come back within the same tick. So a process counts only if it
+started no earlier than the recorded leader **and** one of these holds:
 
-* a process counts only if its pid **and** its start time match what the log recorded, or it
-  descends from (or shares the process group of) such a verified leader and started after it;
-* a group whose leader is gone is **not** reached through its pgid: the number may have been
-  reused, and nothing left on disk can prove otherwise. The call's own cgroup (when the log records
-  one, and it lies under a cgroup2 mount) still reaches those processes;
-* the kill goes through a pidfd opened *before* the start time is checked again, so the process
-  checked is the process signalled even if its pid is recycled in between;
-* only calls that ran on this host are considered (a remote worker's processes are not ours).
+* it carries the call's tag (``ANDON_CALL_TAG=<session id>-<call id>``, unique to this session's
+  call; the recorded leader itself is reported as ``leader``);
+* it is in the call's cgroup, when the log records one whose path proves it andon's and this
+  call's: under a cgroup2 mount, in a folder ``andon-<pid>-<random>``, named ``call-<tag>``
+  (a process cannot enter a cgroup by accident, and a cleared environment does not take it out).
+
+A group id or a parent chain proves nothing once the leader may be gone, so neither is used. Signals
+go through verified pidfds (``andon.base.procs``), and only calls that ran on this host count.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
-import signal
+import re
 import socket
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import psutil
-
+from andon.base import call_tag, procs
+from andon.base.procs import CallIdentity, ProcessKey, ProcInfo
 from andon.session._records import ToolStarted
+from andon.session._tail import Tail
 
-__all__ = ["Leftover", "LeftoverPlan", "find_leftovers", "kill_leftovers"]
+__all__ = [
+    "Leftover",
+    "LeftoverPlan",
+    "StartedCall",
+    "find_leftovers",
+    "kill_leftovers",
+    "plan_for",
+]
 
-# psutil derives start times from boot time + clock ticks (1/100 s); the worker records the same
-# value through psutil, so they agree exactly. The tolerance only absorbs float formatting.
-CREATE_TIME_TOLERANCE = 0.05
 KILL_WAIT = 5.0
+
+# The folder a pool creates (``andon-<supervisor pid>-<random>``); the bare ``andon-<pid>`` of
+# older versions is not unique across pools and is never trusted here.
+_POOL_FOLDER = re.compile(r"andon-[0-9]+-[0-9a-f]{8,}")
+
+Via = Literal["leader", "tag", "cgroup"]
+
+
+@dataclass(frozen=True, slots=True)
+class StartedCall:
+    """A dangling call's ``tool/started``, with the tag its processes carry (None if the log does
+    not say which session it is)."""
+
+    call_id: str
+    tag: str | None
+    started: ToolStarted
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,169 +69,101 @@ class Leftover:
     call_id: str
     pid: int
     create_time: float
-    via: Literal["leader", "descendant", "group", "cgroup"]
+    via: Via
 
 
 @dataclass(frozen=True, slots=True)
 class LeftoverPlan:
-    """What repair would kill: processes, and cgroups to ``cgroup.kill``."""
+    """What repair would kill: the processes found, and per call what names them."""
 
     processes: tuple[Leftover, ...] = ()
-    cgroups: tuple[Path, ...] = ()
+    calls: tuple[tuple[CallIdentity, bool, tuple[ProcInfo, ...]], ...] = ()
+    """(identity, whether its cgroup was proven the call's, the processes found for it)."""
 
 
-def _same_start(a: float, b: float) -> bool:
-    return abs(a - b) <= CREATE_TIME_TOLERANCE
+def started_calls(
+    session_id: str | None, started: Iterable[tuple[str, ToolStarted]]
+) -> list[StartedCall]:
+    """Pair each ``(call_id, tool/started)`` with the call's tag."""
+    out = []
+    for call_id, s in started:
+        try:
+            tag = call_tag(session_id, call_id) if session_id else None
+        except ValueError:  # an id this version would not write: no tag to trust
+            tag = None
+        out.append(StartedCall(call_id, tag, s))
+    return out
 
 
-def _live(proc: psutil.Process) -> float | None:
-    """The start time of a live, non-zombie process, or None."""
-    try:
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except psutil.Error:
+def plan_for(tail: Tail) -> LeftoverPlan:
+    """The leftovers of the calls a log (folded into ``tail``) leaves started and unanswered."""
+    started = [(d.call_id, s) for d in tail.dangling() if d.called for s in d.started]
+    return find_leftovers(started_calls(tail.session_id, started)) if started else LeftoverPlan()
+
+
+def _trusted_cgroup(recorded: str | None, tag: str | None) -> Path | None:
+    """The recorded cgroup folder, if its path proves it is this call's own."""
+    if recorded is None or tag is None:
         return None
-
-
-def _cgroup2_mounts() -> list[Path]:
-    mounts: list[Path] = []
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] == "cgroup2":
-                    mounts.append(Path(parts[1]))
-    except OSError:
-        pass
-    return mounts
-
-
-def _trusted_cgroup(recorded: str) -> Path | None:
-    """The recorded cgroup folder, if it exists, lies under a cgroup2 mount and can be killed."""
     path = Path(recorded)
     if not path.is_absolute() or ".." in path.parts:
         return None
-    if not any(mount in path.parents for mount in _cgroup2_mounts()):
+    if path.name != f"call-{tag}" or not _POOL_FOLDER.fullmatch(path.parent.name):
         return None
-    return path if (path / "cgroup.kill").exists() else None
+    if not any(mount in path.parents for mount, _ in procs.cgroup2_mounts()):
+        return None
+    return path if (path / "cgroup.procs").exists() else None
 
 
-def _cgroup_pids(path: Path) -> list[int]:
-    try:
-        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def find_leftovers(
-    started: Iterable[tuple[str, ToolStarted]], *, host: str | None = None
-) -> LeftoverPlan:
-    """The live processes (and cgroups) of the given ``(call_id, tool/started)`` pairs."""
+def find_leftovers(calls: Iterable[StartedCall], *, host: str | None = None) -> LeftoverPlan:
+    """The live processes (and cgroups) of the given dangling calls."""
     this_host = host if host is not None else socket.gethostname()
-    me = os.getpid()
-    found: dict[int, Leftover] = {}
-    cgroups: list[Path] = []
-    for call_id, s in started:
-        if s.host != this_host:
-            continue
-        try:
-            leader = psutil.Process(s.pid)
-        except psutil.Error:
-            leader = None
-        leader_start = _live(leader) if leader is not None else None
-        if (
-            leader is not None
-            and leader_start is not None
-            and _same_start(leader_start, s.create_time)
-        ):
-            found.setdefault(s.pid, Leftover(call_id, s.pid, leader_start, "leader"))
-            try:
-                children = leader.children(recursive=True)
-            except psutil.Error:
-                children = []
-            for child in children:
-                start = _live(child)
-                if start is not None and start >= s.create_time - CREATE_TIME_TOLERANCE:
-                    found.setdefault(child.pid, Leftover(call_id, child.pid, start, "descendant"))
-            # The leader is verified, so its group id is too: members that left the tree
-            # (re-parented after a double fork) are still in the group.
-            for proc in psutil.process_iter():
-                if proc.pid in found or proc.pid == me:
-                    continue
-                try:
-                    if os.getpgid(proc.pid) != s.pgid:
-                        continue
-                except OSError:
-                    continue
-                start = _live(proc)
-                if start is not None and start >= s.create_time - CREATE_TIME_TOLERANCE:
-                    found[proc.pid] = Leftover(call_id, proc.pid, start, "group")
-        if s.cgroup is not None:
-            path = _trusted_cgroup(s.cgroup)
-            if path is not None:
-                cgroups.append(path)
-                for pid in _cgroup_pids(path):
-                    if pid in found or pid == me:
-                        continue
-                    start = _live(psutil.Process(pid)) if psutil.pid_exists(pid) else None
-                    if start is not None:
-                        found[pid] = Leftover(call_id, pid, start, "cgroup")
-    found.pop(me, None)
-    return LeftoverPlan(tuple(found.values()), tuple(cgroups))
+    mine = [c for c in calls if c.started.host == this_host]
+    if not mine:
+        return LeftoverPlan()
+    everything = procs.snapshot()
+    seen: set[int] = {procs.own_key().pid}
+    leftovers: list[Leftover] = []
+    plans: list[tuple[CallIdentity, bool, tuple[ProcInfo, ...]]] = []
+    for call in mine:
+        identity, found = _find_one(call, everything, seen)
+        seen.update(found)
+        leftovers.extend(
+            Leftover(call.call_id, p.pid, p.key.create_time, via) for p, via in found.values()
+        )
+        owned = identity.cgroup is not None
+        plans.append((identity, owned, tuple(p for p, _ in found.values())))
+    return LeftoverPlan(tuple(leftovers), tuple(plans))
+
+
+def _find_one(
+    call: StartedCall, everything: list[ProcInfo], seen: set[int]
+) -> tuple[CallIdentity, dict[int, tuple[ProcInfo, Via]]]:
+    s = call.started
+    leader = ProcessKey.from_create_time(s.pid, s.create_time)
+    found: dict[int, tuple[ProcInfo, Via]] = {}
+
+    def add(p: ProcInfo, via: Via) -> None:
+        if p.pid not in seen and not p.zombie and p.start >= leader.start:
+            found.setdefault(p.pid, (p, "leader" if p.key == leader else via))
+
+    if call.tag is not None:
+        for p in procs.tagged(procs.tag_entry(call.tag), procs=everything):
+            add(p, "tag")
+    cgroup = _trusted_cgroup(s.cgroup, call.tag)
+    if cgroup is not None:
+        for pid in procs.cgroup_pids(cgroup):
+            info = procs.stat(pid)
+            if info is not None:
+                add(info, "cgroup")
+    return CallIdentity(call.tag, leader, cgroup), found
 
 
 def kill_leftovers(plan: LeftoverPlan, *, wait: float = KILL_WAIT) -> int:
     """SIGKILL everything in ``plan`` and wait (bounded) until it has exited; returns how many
     processes were killed (ones that had exited meanwhile are not counted)."""
-    pidfds: list[int] = []
     killed = 0
-    try:
-        for lf in plan.processes:
-            try:
-                fd = os.pidfd_open(lf.pid)
-            except OSError:  # gone already
-                continue
-            try:
-                start = _live(psutil.Process(lf.pid))
-            except psutil.Error:
-                start = None
-            # Checked after the pidfd is open: if this is still the same process now, the pidfd
-            # refers to it, and a later pid reuse cannot redirect the signal.
-            if start is None or not _same_start(start, lf.create_time):
-                os.close(fd)
-                continue
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            except OSError:
-                os.close(fd)
-                continue
-            killed += 1
-            pidfds.append(fd)
-        for cgroup in plan.cgroups:
-            # Catches whatever was forked after the scan, and anything the scan could not see.
-            with contextlib.suppress(OSError):
-                (cgroup / "cgroup.kill").write_text("1")
-        _wait_exited(pidfds, wait)
-    finally:
-        for fd in pidfds:
-            os.close(fd)
+    for identity, cgroup_owned, found in plan.calls:
+        if found or identity.cgroup is not None:
+            killed += procs.kill_call(identity, cgroup_owned=cgroup_owned, wait=wait, found=found)
     return killed
-
-
-def _wait_exited(pidfds: list[int], timeout: float) -> None:
-    """Block until every pidfd reports its process exited, or ``timeout`` passes."""
-    if not pidfds:
-        return
-    poller = select.poll()
-    pending = set(pidfds)
-    for fd in pidfds:
-        poller.register(fd, select.POLLIN)
-    deadline = time.monotonic() + timeout
-    while pending:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        for fd, _ in poller.poll(remaining * 1000):
-            poller.unregister(fd)
-            pending.discard(fd)

@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from andon.base import Clock, SessionError, SystemClock
-from andon.session._leftovers import Leftover, LeftoverPlan, find_leftovers, kill_leftovers
+from andon.session._leftovers import Leftover, kill_leftovers, plan_for
 from andon.session._lock import SessionLock
 from andon.session._reader import RecordStream, TornTail, log_path
 from andon.session._records import Record, SessionRepaired, encode_line
 from andon.session._tail import ClosingTexts, Tail, closing_data
 from andon.session._values import Interrupted
 
-__all__ = ["REPAIR_TEXTS", "LoadedSession", "RepairReport", "load", "repair"]
+__all__ = ["REPAIR_TEXTS", "LoadedSession", "RepairReport", "kill_in_flight", "load", "repair"]
 
 REPAIR_TEXTS = ClosingTexts(
     error_name="HarnessStopped",
@@ -172,8 +173,7 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
     # Nothing to close in a log that has no complete record (a crash during the very first append):
     # a session/repaired there would break "the first record is session/start".
     closing = closing_data(tail, Interrupted(), REPAIR_TEXTS) if tail.next_seq else []
-    started = [(d.call_id, s) for d in tail.dangling() if d.called for s in d.started]
-    plan = find_leftovers(started) if started else LeftoverPlan()
+    plan = plan_for(tail)
 
     if torn is None and not closing:
         report = RepairReport(dry_run, None, None, (), None, (), 0)
@@ -278,3 +278,16 @@ def repair(
     finally:
         lock.release()
     return outcome.report
+
+
+def kill_in_flight(records: Iterable[Record], *, wait: float = 0.0) -> int:
+    """SIGKILL the processes of the calls ``records`` (a live session's log so far) leave
+    started and unanswered, found exactly as repair finds them; return how many were killed.
+
+    For a supervisor that must exit at once (``andon run``'s third Ctrl-C): nothing is written,
+    and the next load repairs the log.
+    """
+    tail = Tail()
+    for record in records:
+        tail.feed(record)
+    return kill_leftovers(plan_for(tail), wait=wait)

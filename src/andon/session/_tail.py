@@ -78,7 +78,7 @@ class Tail:
     (``check`` is the strict reader); it must never refuse to close a log.
     """
 
-    __slots__ = ("last_time", "last_turn", "next_seq", "open_turn", "step")
+    __slots__ = ("last_time", "last_turn", "next_seq", "open_turn", "session_id", "step")
 
     def __init__(self) -> None:
         self.next_seq = 0
@@ -86,6 +86,7 @@ class Tail:
         self.last_turn = 0
         self.open_turn: int | None = None
         self.step: OpenStep | None = None
+        self.session_id: str | None = None  # half of every call's process tag
 
     @property
     def balanced(self) -> bool:
@@ -122,9 +123,10 @@ class Tail:
             case ToolResult(call_id=call_id):
                 if step is not None:
                     step.answered.add(call_id)
+            case SessionStart(session_id=session_id):
+                self.session_id = session_id
             case (
-                SessionStart()
-                | SessionResumed()
+                SessionResumed()
                 | SessionRepaired()
                 | InboxSpliced()
                 | UserMessageEntered()

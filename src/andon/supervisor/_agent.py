@@ -43,6 +43,7 @@ from andon.session import (
     MaxTokens,
     Record,
     SessionLog,
+    SessionStart,
     TurnStart,
     UserMessage,
     history,
@@ -134,6 +135,12 @@ class Agent:
         self._clock = clock or SystemClock()
         # The model-visible part of the log (chunks excluded), for building requests.
         self._records: list[Record] = [r for r in records if r.type != "assistant/chunk"]
+        # The session id owns this agent's tool calls: it is half of every call's process tag, so
+        # crash repair can find the call's processes from the log alone. A subagent shares its
+        # parent's executor but has its own session id, so equal call ids never collide.
+        self._owner: str | None = next(
+            (r.data.session_id for r in self._records if isinstance(r.data, SessionStart)), None
+        )
         self._inbox = Inbox(self._write, next_turn, next_step)
         self._phase: _Phase = _Idle(log.last_turn)
         self._status: Status = "idle"
@@ -156,6 +163,12 @@ class Agent:
     @property
     def session_dir(self) -> str:
         return str(self._logfile.path.parent)
+
+    @property
+    def session_id(self) -> str | None:
+        """The session's id (``session/start``); with a call id it makes the call's process tag
+        (:func:`andon.base.call_tag`)."""
+        return self._owner
 
     def followup(self, text: str) -> str:
         """Queue ``text`` as its own later turn, and wake the agent."""

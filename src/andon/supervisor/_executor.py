@@ -23,7 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from andon.base import Aborted, AbortSignal, Cause, Clock, ErrorCode, GracePolicy, SystemClock
+from andon.base import (
+    Aborted,
+    AbortSignal,
+    Cause,
+    Clock,
+    ErrorCode,
+    GracePolicy,
+    SystemClock,
+    call_tag,
+    executor_id,
+)
 from andon.protocol import (
     Cancel,
     CancelStage,
@@ -50,6 +60,9 @@ class ToolCallRequest:
     name: str
     arguments: str | Mapping[str, Any]  # the model's argument string, passed through untouched
     cwd: str
+    # The session the call belongs to; with the call id it makes the call's process tag. None: the
+    # executor's own identity.
+    owner: str | None = None
 
 
 class ExecutionObserver:
@@ -105,8 +118,14 @@ class ToolExecutor:
         env_add: Mapping[str, str] | None = None,
         env_remove: tuple[str, ...] = (),
         kill_ack_timeout: float = 10.0,
+        identity: str | None = None,
     ) -> None:
         self.pool = pool
+        # Who owns the calls this executor starts: with the call id it makes each call's tag, the
+        # mark that every process of the call carries and that the stop paths and crash repair
+        # find it by. A session passes its id (repair derives the tag from the log); otherwise a
+        # fresh random id keeps two executors with the same call ids apart.
+        self.identity = identity or executor_id()
         self.registry = registry
         self.grace = grace or GracePolicy()
         self.clock: Clock = clock or SystemClock()
@@ -239,9 +258,12 @@ class _RunningCall:
         handle = self.signal.add_callback(lambda _cause: self.queue.put_nowait(_ABORT))
         try:
             env_add = {**self.ex.env_add, "ANDON_CALL_ID": self.request.call_id}
+            tag = call_tag(self.request.owner or self.ex.identity, self.request.call_id)
+            self.lease.tag = tag
             run = Run(
                 call_id=self.request.call_id,
                 tool=self.tool.name,
+                tag=tag,
                 arguments=self.arguments,
                 cwd=self.request.cwd,
                 timeout=self.timeout,

@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 from multiprocess import popen_forkserver, spawn
 
-from andon.base import Aborted, AbortSignal, ProtocolError, WorkerError
+from andon.base import Aborted, AbortSignal, ProtocolError, WorkerError, procs
 from andon.protocol import (
     PROTOCOL_VERSION,
     ErrorReply,
@@ -43,7 +43,6 @@ from andon.protocol import (
 )
 from andon.workers import ToolRegistry, WorkerOptions, worker_main
 from andon.workers._containment import CgroupTree, ContainmentSetting, cgroup2_root, detect_mode
-from andon.workers._procfs import scan
 
 __all__ = ["WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 
@@ -82,7 +81,9 @@ class _Worker:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     pidfd: int | None = None
+    handle: procs.Pidfd | None = None  # the same pidfd, verified: reaches the worker's group
     lease: WorkerLease | None = None
+    signalled: bool = False  # andon signalled it: it never serves another call
     killed_on_purpose: bool = False
     kill_reason: str | None = None
     dead: bool = False
@@ -97,6 +98,7 @@ class WorkerLease:
         # Worker messages and WorkerGone, plus whatever the executor feeds its own timeline.
         self.messages: asyncio.Queue[object] = asyncio.Queue()
         self.started: Started | None = None
+        self.tag: str | None = None  # the call's tag, once its run is sent
 
     @property
     def worker_id(self) -> str:
@@ -114,15 +116,15 @@ class WorkerLease:
         await self._pool._send(self._worker, msg)
 
     def signal_worker(self, sig: int) -> int:
-        """Signal the worker's own process group (a Python tool runs inside it)."""
-        if self._worker.dead:
+        """Signal the worker's own process group (a Python tool runs inside it); return how
+        many processes were reached. A signalled worker is retired when its lease ends."""
+        worker = self._worker
+        if worker.dead or worker.handle is None:
             return 0
         # Any signal andon sends a worker is meant to end it: its death is then not a loss.
-        self._worker.killed_on_purpose = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._worker.pid, sig)
-            return 1
-        return 0
+        worker.killed_on_purpose = True
+        worker.signalled = True
+        return procs.signal_group(worker.handle, sig)
 
     def kill(self, reason: str) -> None:
         """Kill the worker and whatever its call started (broken means dead)."""
@@ -188,7 +190,8 @@ class WorkerPool:
             root = cgroup2_root()
             if root is not None:
                 CgroupTree.sweep_stale(root)
-                self._cgroups = CgroupTree(root, os.getpid())
+                # Random per pool: two pools in one process never share a tree.
+                self._cgroups = CgroupTree.new(root, os.getpid())
                 self._cgroups.create_base()
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
@@ -247,7 +250,7 @@ class WorkerPool:
                 raise WorkerError("the worker pool is closed")
             while self._idle:
                 worker = self._idle.pop(0)
-                if not worker.dead:
+                if not worker.dead and not self._exited(worker):
                     lease = WorkerLease(self, worker)
                     worker.lease = lease
                     return lease
@@ -268,9 +271,20 @@ class WorkerPool:
         worker = lease._worker
         if worker.lease is lease:
             worker.lease = None
-            if not worker.dead and not self._closing:
-                self._idle.append(worker)
-                self._idle_changed.set()
+            if worker.dead or self._closing:
+                return
+            if worker.signalled or self._exited(worker):
+                # Signalled by andon (or dying): it would fail the next, unrelated call. Retire
+                # it; its exit (pidfd) starts a replacement.
+                self._kill(worker, "retired after andon signalled it")
+                return
+            self._idle.append(worker)
+            self._idle_changed.set()
+
+    @staticmethod
+    def _exited(worker: _Worker) -> bool:
+        """The worker has exited even if its pidfd callback has not run yet."""
+        return worker.handle is not None and worker.handle.exited()
 
     @property
     def workers(self) -> dict[str, int]:
@@ -290,6 +304,7 @@ class WorkerPool:
             supervisor_pid=os.getpid(),
             containment=self.containment,
             log_path=str(self._runtime / f"{worker_id}.log"),
+            cgroup_base=str(self._cgroups.base) if self._cgroups is not None else None,
             max_message_bytes=self.config.max_message_bytes,
         )
         process = _WorkerProcess(
@@ -298,11 +313,15 @@ class WorkerPool:
         process.start()
         worker = _Worker(worker_id=worker_id, process=process, pid=process.pid)
         self._workers[worker_id] = worker
-        try:
-            worker.pidfd = os.pidfd_open(worker.pid)
-        except ProcessLookupError:
+        info = procs.stat(worker.pid)
+        # The worker is the forkserver's child, so nothing of ours pins its pid: hold it as a
+        # verified pidfd from the start, and signal it only through that.
+        handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
+        if handle is None:
             worker.dead = True
             return worker
+        worker.handle = handle
+        worker.pidfd = handle.fd
         asyncio.get_running_loop().add_reader(worker.pidfd, self._on_exit, worker)
         return worker
 
@@ -351,15 +370,22 @@ class WorkerPool:
             self._spawn_task(self._replace())
 
     def _kill_call_processes(self, lease: WorkerLease) -> None:
-        """A lost worker's call: kill the process group and cgroup it reported in ``started``."""
-        started = lease.started
-        if started is None:
+        """A lost worker's call: SIGKILL every process carrying the call's tag, and its cgroup
+        when it is a leaf of this pool's own tree. Never a group by number: the worker that
+        pinned it is gone."""
+        if lease.tag is None:
             return
-        if any(p.pgid == started.pgid and not p.zombie for p in scan()):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(started.pgid, _signal.SIGKILL)
-        if started.cgroup:
-            CgroupTree.kill(Path(started.cgroup))
+        started = lease.started
+        cgroup = Path(started.cgroup) if started is not None and started.cgroup else None
+        owned = cgroup is not None and self._cgroups is not None and self._cgroups.owns(cgroup)
+        leader = (
+            procs.ProcessKey.from_create_time(started.pid, started.create_time)
+            if started is not None
+            else None
+        )
+        procs.kill_call(
+            procs.CallIdentity(lease.tag, leader, cgroup if owned else None), cgroup_owned=owned
+        )
 
     def _kill(self, worker: _Worker, reason: str) -> None:
         if worker.dead or not worker.pid:
@@ -372,15 +398,15 @@ class WorkerPool:
         worker.kill_reason = worker.kill_reason or reason
         if worker.lease is not None:
             self._kill_call_processes(worker.lease)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, _signal.SIGKILL)
+        if worker.handle is not None:
+            procs.signal_group(worker.handle, _signal.SIGKILL)
 
     def _reap_now(self, worker: _Worker) -> None:
         with contextlib.suppress(Exception):
             worker.process.join(0)
-        if worker.pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(worker.pidfd)
+        if worker.handle is not None:
+            worker.handle.close()
+            worker.handle = None
             worker.pidfd = None
         self._workers.pop(worker.worker_id, None)
 
@@ -397,8 +423,8 @@ class WorkerPool:
             try:
                 await asyncio.wait_for(asyncio.shield(exited), timeout)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(worker.pid, _signal.SIGKILL)
+                if worker.handle is not None:
+                    procs.signal_group(worker.handle, _signal.SIGKILL)
                 await asyncio.wait_for(exited, 5.0)
             finally:
                 loop.remove_reader(fd)

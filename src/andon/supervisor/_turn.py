@@ -420,7 +420,9 @@ class _Turn:
         return None
 
     async def _execute(self, call: _Call, signal: AbortSignal) -> ToolOutcome:
-        request = ToolCallRequest(call.call_id, call.name, call.arguments, self.agent._cwd)
+        request = ToolCallRequest(
+            call.call_id, call.name, call.arguments, self.agent._cwd, self.agent._owner
+        )
         tool = self.agent._registry.get(call.name)
         if tool is not None and tool.kind == "supervisor":
             prepared = self.agent._executor.prepare(request)

@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import math
 import os
-import secrets
 import signal as _signal
 import subprocess
 import time
@@ -26,9 +24,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from andon.base import AbortController, Aborted, ErrorCode, User
+from andon.base import procs as _procs
 from andon.protocol import (
     CancelStage,
     EndedBy,
@@ -50,7 +47,7 @@ from andon.workers._registry import ArgumentError, Tool, ToolRegistry, validate_
 __all__ = ["CallContext", "internal_error_result", "kill_everything", "run_call"]
 
 _READ_CHUNK = 64 * 1024
-TAG_VAR = "ANDON_CALL_TAG"
+TAG_VAR = _procs.TAG_VAR
 
 Send = Callable[[Message], Coroutine[Any, Any, None]]
 
@@ -79,7 +76,6 @@ class CallContext:
         self.started_at = time.monotonic()
         self.stop_started_at: float | None = None
         self.last_stage: CancelStage | None = None
-        self.leader_done = False
         self.procs: CallProcesses | None = None
         self.controller = AbortController()  # a Python tool's signal
         self._pending: list[Signalled] = []
@@ -98,7 +94,10 @@ class CallContext:
             if self.last_stage is None:
                 self.last_stage = stage
             return
-        if self.leader_done or self.procs is None:
+        # Once the leader is reaped the call is over and its sweep stops what is left; only a
+        # KILL (force) still acts at once. ``pinned`` (not "the wait has returned") is the test:
+        # the reaper may have reaped the leader a moment before this cancel arrived.
+        if self.procs is None or not self.procs.pinned:
             if stage == "kill" and self.procs is not None:
                 self._signal("kill", _signal.SIGKILL, group_only=False)
             return
@@ -184,11 +183,11 @@ def internal_error_result(ctx: CallContext, error: Exception) -> Result:
     )
 
 
-def tool_environment(run: Run, tag: str) -> dict[str, str]:
+def tool_environment(run: Run) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in run.env_remove}
     env.update(run.env_add)
     env["ANDON_CALL_ID"] = run.call_id
-    env[TAG_VAR] = tag
+    env[TAG_VAR] = run.tag
     return env
 
 
@@ -196,14 +195,13 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
     run = ctx.run
     command = str(arguments["command"])
     cwd = os.path.join(run.cwd, str(arguments.get("cwd") or "."))
-    tag = f"{os.getpid()}.{run.call_id}.{secrets.token_hex(4)}"
-    env = tool_environment(run, tag)
+    env = tool_environment(run)
     output = HeadTail(run.output_head_bytes, run.output_tail_bytes)
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     call_cgroup: Path | None = None
     try:
         if ctx.mode == "cgroup" and ctx.cgroups is not None:
-            call_cgroup = ctx.cgroups.leaf(f"call-{run.call_id}")
+            call_cgroup = ctx.cgroups.leaf(f"call-{run.tag}")
             # Enter the call's cgroup *before* spawning, so the tool is inside from its first
             # instruction (no preexec_fn, no race with its first forks), then step back out.
             CgroupTree.enter(call_cgroup)
@@ -248,18 +246,16 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
         reaper=ctx.reaper,
         pgid=pid,
         cgroup=call_cgroup,
-        tag=f"{TAG_VAR}={tag}".encode(),
+        tag=_procs.tag_entry(run.tag),
     )
-    try:
-        create_time = psutil.Process(pid).create_time()
-    except psutil.Error:
-        create_time = time.time()
+    # The leader is our unreaped child: its stat line is there even if it has already exited.
+    leader = _procs.stat(pid)
     await ctx.send(
         Started(
             call_id=run.call_id,
             pid=pid,
             pgid=pid,
-            create_time=create_time,
+            create_time=leader.key.create_time if leader is not None else 0.0,
             containment=ctx.mode,
             cgroup=str(call_cgroup) if call_cgroup is not None else None,
         )
@@ -292,7 +288,6 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
     try:
         status = await ctx.reaper.wait(pid)
         popen.returncode = status.code if status.code is not None else -(status.signal or 0)
-        ctx.leader_done = True
         ended_by: EndedBy = ctx.last_stage or "exit"
         strays = await _sweep(ctx)
         if not eof:
@@ -367,7 +362,7 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
             call_id=run.call_id,
             pid=os.getpid(),
             pgid=os.getpgid(0),
-            create_time=_own_create_time(),
+            create_time=_procs.own_key().create_time,
             containment=ctx.mode,
         )
     )
@@ -395,7 +390,6 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     finally:
         _restore_env(saved_env)
     ctx.procs = CallProcesses(mode=ctx.mode, worker_pid=os.getpid(), reaper=ctx.reaper)
-    ctx.leader_done = True
     strays = await _sweep(ctx)
     await ctx.flush_reports()
     data = content.encode("utf-8", "replace")
@@ -414,14 +408,9 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     )
 
 
-@functools.cache
-def _own_create_time() -> float:
-    return psutil.Process().create_time()
-
-
 def _apply_env(run: Run) -> dict[str, str | None]:
     """Give a Python tool the same environment rules as a shell tool, for the call's length."""
-    changes: dict[str, str | None] = {"ANDON_CALL_ID": run.call_id, **run.env_add}
+    changes: dict[str, str | None] = {"ANDON_CALL_ID": run.call_id, TAG_VAR: run.tag, **run.env_add}
     for name in run.env_remove:
         changes[name] = None
     saved = {name: os.environ.get(name) for name in changes}

@@ -14,8 +14,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
+import secrets
 from pathlib import Path
 from typing import Literal
+
+from andon.base import procs
 
 __all__ = [
     "CgroupTree",
@@ -41,22 +45,10 @@ def set_child_subreaper() -> bool:
 
 
 def cgroup2_root() -> Path | None:
-    """Where cgroup v2 is mounted (it need not be /sys/fs/cgroup), if it is writable by us."""
-    try:
-        with open("/proc/self/mounts") as f:
-            mounts = f.read().splitlines()
-    except OSError:
-        return None
-    for line in mounts:
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == "cgroup2":
-            root = Path(parts[1])
-            options = parts[3].split(",")
-            if "ro" in options:
-                continue
-            has_kill = (root / "cgroup.kill").exists() or _has_kill_support(root)
-            if has_kill and os.access(root, os.W_OK):
-                return root
+    """A writable cgroup v2 mount with ``cgroup.kill`` support (kernel >= 5.14), if there is one."""
+    for root, writable in procs.cgroup2_mounts():
+        if writable and ((root / "cgroup.kill").exists() or _has_kill_support(root)):
+            return root
     return None
 
 
@@ -84,14 +76,29 @@ def detect_mode(setting: ContainmentSetting = "auto") -> ContainmentMode:
     return "subreaper"
 
 
-class CgroupTree:
-    """``<root>/andon-<supervisor pid>/`` with a leaf per worker and per call.
+_BASE = re.compile(r"andon-([0-9]+)(?:-([0-9a-f]{8,32}))?")
 
-    The supervisor creates the top folder; each worker creates its own leaf and its call leaves.
+
+class CgroupTree:
+    """``<root>/andon-<supervisor pid>-<random>/`` with a leaf per worker and per call.
+
+    The random part makes the tree unique even for two pools in one process. The pool creates
+    the top folder and hands its path to its workers; each worker creates its own leaf and its
+    call leaves (``call-<call tag>``, unique across sessions).
     """
 
-    def __init__(self, root: Path, supervisor_pid: int) -> None:
-        self.base = root / f"andon-{supervisor_pid}"
+    def __init__(self, base: Path) -> None:
+        self.base = base
+
+    @classmethod
+    def new(cls, root: Path, supervisor_pid: int) -> CgroupTree:
+        return cls(root / f"andon-{supervisor_pid}-{secrets.token_hex(4)}")
+
+    @staticmethod
+    def parse_base(name: str) -> int | None:
+        """The supervisor pid an ``andon-…`` folder name carries, or None if it is not one."""
+        match = _BASE.fullmatch(name)
+        return int(match[1]) if match else None
 
     def create_base(self) -> None:
         self.base.mkdir(mode=0o755, exist_ok=True)
@@ -101,6 +108,10 @@ class CgroupTree:
         path.mkdir(mode=0o755, exist_ok=True)
         return path
 
+    def owns(self, path: Path) -> bool:
+        """Whether ``path`` is a leaf of this tree (a path a worker reported, checked)."""
+        return path.parent == self.base and path.name.startswith(("call-", "worker-"))
+
     @staticmethod
     def enter(path: Path, pid: int = 0) -> None:
         """Move ``pid`` (0 = this process) into the cgroup at ``path``."""
@@ -108,19 +119,12 @@ class CgroupTree:
 
     @staticmethod
     def pids(path: Path) -> list[int]:
-        try:
-            return [int(x) for x in (path / "cgroup.procs").read_text().split()]
-        except (OSError, ValueError):
-            return []
+        return procs.cgroup_pids(path)
 
     @staticmethod
     def kill(path: Path) -> bool:
         """SIGKILL everything in the cgroup, atomically with respect to forks."""
-        try:
-            (path / "cgroup.kill").write_text("1\n")
-            return True
-        except OSError:
-            return False
+        return procs.cgroup_kill(path)
 
     @staticmethod
     def remove(path: Path) -> bool:
@@ -134,20 +138,16 @@ class CgroupTree:
     @staticmethod
     def sweep_stale(root: Path) -> int:
         """Remove the trees of supervisors that died without cleaning up (kill -9 leaves an
-        ``andon-<pid>`` folder behind). A tree is stale only if its pid is gone; anything still
-        inside is SIGKILLed through ``cgroup.kill`` first. Returns how many trees were removed."""
+        ``andon-<pid>-<random>`` folder behind). A tree is stale only if its pid is gone; anything
+        still inside is SIGKILLed through ``cgroup.kill`` first: only andon puts processes in
+        these folders. Returns how many trees were removed."""
         removed = 0
         for base in root.glob("andon-*"):
-            try:
-                pid = int(base.name.removeprefix("andon-"))
-                os.kill(pid, 0)
+            pid = CgroupTree.parse_base(base.name)
+            if pid is None or not base.is_dir():
+                continue
+            if procs.stat(pid) is not None:
                 continue  # alive (or a reused pid): not ours to touch
-            except ValueError:
-                continue
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
             for leaf in base.iterdir():
                 if leaf.is_dir():
                     CgroupTree.kill(leaf)

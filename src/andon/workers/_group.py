@@ -1,9 +1,14 @@
-"""The processes of one tool call, and the one function that signals them.
+"""The processes of one tool call, as the worker that runs it sees them, and how it stops them.
 
 Membership is the union of what the containment mode can see: the call's process group, the
-worker's descendants (as a subreaper, orphans re-parent to the worker), and the call's cgroup. A
-process is tracked as ``(pid, start ticks)`` and a stray is signalled through a pidfd opened after
-checking its start time, so a reused pid is never touched.
+worker's descendants (as a subreaper, orphans re-parent to the worker), and the call's cgroup.
+
+The group id is trusted only while the leader is **pinned**: the worker's own child, not yet
+reaped, whose pid (and so the group id) cannot be reused. Then one ``killpg`` reaches every
+member, even one forked a moment ago. Once the leader is reaped, the number may name a stranger's
+group: members are then reached one by one through verified pidfds, and a process counts as a
+group member only if it also carries the call's tag (pgroup mode) or is the worker's descendant
+(subreaper modes, where the group adds nothing).
 
 "Gone" means: no member is alive and every child of the worker that exited has been reaped. A
 process the worker cannot reap (not its child) counts as gone once it is a zombie.
@@ -12,13 +17,13 @@ process the worker cannot reap (not its child) counts as gone once it is a zombi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal as _signal
 from pathlib import Path
 
-from andon.workers._containment import CgroupTree, ContainmentMode
-from andon.workers._procfs import ProcInfo, descendants, proc_info, scan, with_environ_entry
+from andon.base import procs
+from andon.base.procs import ProcInfo
+from andon.workers._containment import ContainmentMode
 from andon.workers._reaper import Reaper
 
 __all__ = ["CallProcesses"]
@@ -38,9 +43,14 @@ class CallProcesses:
         self.mode = mode
         self.worker_pid = worker_pid
         self.reaper = reaper
-        self.pgid = pgid
+        self.pgid = pgid  # the leader's pid: the worker's child, watched by the reaper
         self.cgroup = cgroup
         self.tag = tag  # an environment entry only this call's processes carry
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the group id is still certainly the call's (its leader is not reaped)."""
+        return self.pgid is not None and self.reaper.holds(self.pgid)
 
     def members(self, *, reap: bool = True, include_zombies: bool = False) -> list[ProcInfo]:
         """Live processes of the call (zombies of our own children are reaped first)."""
@@ -51,84 +61,78 @@ class CallProcesses:
         if self.cgroup is not None:
             # Every process of the call is in its cgroup (leaving it takes a cgroup write that a
             # tool cannot make by accident): read the members instead of scanning all of /proc.
-            in_cgroup = (proc_info(pid) for pid in CgroupTree.pids(self.cgroup))
+            in_cgroup = (procs.stat(pid) for pid in procs.cgroup_pids(self.cgroup))
             return [
                 p
                 for p in in_cgroup
                 if p is not None and p.pid != self.worker_pid and (include_zombies or not p.zombie)
             ]
-        procs = list(scan())
+        everything = procs.snapshot()
         found: dict[int, ProcInfo] = {}
         if self.pgid is not None:
-            for p in procs:
-                if p.pgid == self.pgid:
+            pinned = self.pinned
+            for p in everything:
+                if p.pgid != self.pgid:
+                    continue
+                # A reaped leader's group id may belong to a stranger now: only the tag proves
+                # a process is still ours (as a subreaper, our descendants come below anyway).
+                if pinned or (
+                    self.mode == "pgroup"
+                    and self.tag is not None
+                    and not p.zombie
+                    and procs.carries(p.pid, self.tag)
+                ):
                     found[p.pid] = p
         if self.mode != "pgroup":
-            for p in descendants(self.worker_pid, procs):
+            for p in procs.descendants(self.worker_pid, everything):
                 found[p.pid] = p
         found.pop(self.worker_pid, None)
         return [p for p in found.values() if include_zombies or not p.zombie]
 
     def maybe_any(self) -> bool:
         """A cheap test (no /proc scan) that can only err on the side of "maybe"."""
-        if self.pgid is not None:
-            try:
-                os.killpg(self.pgid, 0)
-                return True
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                return True
+        # Signal 0 only asks; once the leader is reaped the answer may be a stranger's group,
+        # which the scan that follows filters out.
+        probe_group = self.pgid is not None and (self.pinned or self.mode == "pgroup")
+        if probe_group and procs.killpg_pinned(self.pgid or 0, 0):
+            return True
         if self.mode != "pgroup" and _has_children():
             # As a subreaper, every descendant of the call is a child of the worker or below one.
             return True
-        return self.cgroup is not None and bool(CgroupTree.pids(self.cgroup))
+        return self.cgroup is not None and bool(procs.cgroup_pids(self.cgroup))
 
-    def signal(self, sig: int, members: list[ProcInfo] | None = None) -> int:
-        """Send ``sig`` to every live member; return how many were targeted.
-
-        The group gets one ``killpg`` (which also reaches a member forked a moment ago); members
-        outside the group are signalled one by one through pidfds; SIGKILL also writes
-        ``cgroup.kill`` where the call has a cgroup.
-        """
-        if members is None:
-            members = self.members()
-        if not members:
-            return 0
-        if self.pgid is not None and any(m.pgid == self.pgid for m in members):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pgid, sig)
-        for m in members:
-            if m.pgid != self.pgid:
-                _signal_exact(m, sig)
-        if sig == _signal.SIGKILL and self.cgroup is not None:
-            CgroupTree.kill(self.cgroup)
-        return len(members)
+    def signal(self, sig: int) -> int:
+        """Send ``sig`` to every live member; return how many were targeted."""
+        return len(self.stop(sig, group_only=False))
 
     def stop(self, sig: int, *, group_only: bool) -> list[ProcInfo]:
         """Signal first, count after; return the processes it reached.
 
-        Latency matters here (this is the moment a user waits for), so the group gets its
+        Latency matters here (this is the moment a user waits for), so a pinned group gets its
         ``killpg`` (and a SIGKILL its ``cgroup.kill``) before anything is scanned. The count that
         follows includes members that are already zombies: they were alive when signalled. With
-        ``group_only`` False, members outside the group (strays) are then signalled one by one.
+        ``group_only`` False, members outside the group (strays) are then signalled one by one;
+        once the group is no longer pinned, its members are signalled one by one too.
         """
         # With a cgroup, membership is cheap to read and must be read first: a process that dies
         # leaves cgroup.procs at once (no zombie stays listed). Without one, a /proc scan is the
         # expensive part and comes after the signal; zombies then still show who was reached.
         before = self.members(reap=False, include_zombies=True) if self.cgroup else None
-        if self.pgid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pgid, sig)
+        pinned = self.pinned
+        if pinned:
+            assert self.pgid is not None
+            procs.killpg_pinned(self.pgid, sig)
         if sig == _signal.SIGKILL and self.cgroup is not None:
-            CgroupTree.kill(self.cgroup)
+            procs.cgroup_kill(self.cgroup)
         # No reaping before counting: the leader's zombie still counts as reached.
         members = before if before is not None else self.members(reap=False, include_zombies=True)
-        reached = [m for m in members if self.pgid is not None and m.pgid == self.pgid]
-        if not group_only:
-            for m in members:
-                if m.pgid != self.pgid and not m.zombie and _signal_exact(m, sig):
-                    reached.append(m)
+        reached: list[ProcInfo] = []
+        for m in members:
+            in_group = m.pgid == self.pgid
+            if in_group and pinned:
+                reached.append(m)  # the killpg above reached it
+            elif (in_group or not group_only) and not m.zombie and procs.signal_key(m.key, sig):
+                reached.append(m)
         return reached
 
     async def wait_gone(self, timeout: float) -> bool:
@@ -136,24 +140,21 @@ class CallProcesses:
 
         As a subreaper, the last descendant to exit is always a child of the worker by then (its
         parent died first, or it was one already), so every "maybe done" moment follows a reap:
-        wait on the reaper and re-check cheaply. In ``pgroup`` mode members need not be our
-        children, so wait on a pidfd per member instead.
+        wait on the reaper and re-check. In ``pgroup`` mode members need not be our children, so
+        wait on a pidfd per member instead.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
             generation = self.reaper.generation
-            self.reaper.reap()
-            if not self.maybe_any():
+            members = self.members()
+            if not members:
                 return True
             left = deadline - loop.time()
             if left <= 0:
                 return False
             if self.mode == "pgroup":
-                members = self.members()
-                if not members:
-                    return True
-                await _wait_any_exit(members, left)
+                await _wait_all_exit(members, left)
             else:
                 await self.reaper.wait_change(generation, left)
 
@@ -166,7 +167,7 @@ class CallProcesses:
             return []
         reachable = {p.pid for p in self.members()}
         exclude = {os.getpid(), self.worker_pid, *reachable}
-        return with_environ_entry(self.tag, exclude=exclude)
+        return procs.tagged(self.tag, exclude=exclude)
 
 
 def _has_children() -> bool:
@@ -178,36 +179,10 @@ def _has_children() -> bool:
     return True
 
 
-def _open_pidfd(info: ProcInfo) -> int | None:
-    """A pidfd for exactly this process (pid and start time), or None if it is gone."""
-    try:
-        fd = os.pidfd_open(info.pid)
-    except (ProcessLookupError, OSError):
-        return None
-    now = proc_info(info.pid)
-    if now is None or now.start != info.start or now.zombie:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _signal_exact(info: ProcInfo, sig: int) -> bool:
-    fd = _open_pidfd(info)
-    if fd is None:
-        return False
-    try:
-        _signal.pidfd_send_signal(fd, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-    finally:
-        os.close(fd)
-
-
-async def _wait_any_exit(members: list[ProcInfo], timeout: float) -> None:
+async def _wait_all_exit(members: list[ProcInfo], timeout: float) -> None:
     """Return when all ``members`` have exited, or after ``timeout``; the caller rescans."""
     loop = asyncio.get_running_loop()
-    fds = [fd for fd in (_open_pidfd(m) for m in members) if fd is not None]
+    fds = [fd for fd in (procs.Pidfd.open(m.key) for m in members) if fd is not None]
     if not fds:
         return
     remaining = len(fds)
@@ -221,12 +196,12 @@ async def _wait_any_exit(members: list[ProcInfo], timeout: float) -> None:
             done.set_result(None)
 
     for fd in fds:
-        loop.add_reader(fd, on_exit, fd)
+        loop.add_reader(fd.fd, on_exit, fd.fd)
     try:
         await asyncio.wait_for(asyncio.shield(done), timeout)
     except TimeoutError:
         pass
     finally:
         for fd in fds:
-            loop.remove_reader(fd)
-            os.close(fd)
+            loop.remove_reader(fd.fd)
+            fd.close()

@@ -60,6 +60,7 @@ class WorkerOptions:
     supervisor_pid: int | None = None  # local workers watch it with a pidfd
     containment: ContainmentSetting = "auto"
     log_path: str | None = None
+    cgroup_base: str | None = None  # the pool's own cgroup tree (cgroup mode)
     max_message_bytes: int = 16 * 1024 * 1024
     linger_ms: int = 500
 
@@ -161,13 +162,12 @@ class Worker:
             self.reaper.uninstall()
 
     def _setup_cgroup(self) -> None:
-        if self.mode != "cgroup" or self.options.supervisor_pid is None:
+        if self.mode != "cgroup":
             return
-        root = cgroup2_root()
-        if root is None:
+        if self.options.cgroup_base is None or cgroup2_root() is None:
             self.mode = "subreaper"
             return
-        self.cgroups = CgroupTree(root, self.options.supervisor_pid)
+        self.cgroups = CgroupTree(Path(self.options.cgroup_base))
         try:
             self.cgroups.create_base()
             self.worker_cgroup = self.cgroups.leaf(f"worker-{self.options.worker_id}")

@@ -50,12 +50,18 @@ class Reaper:
 
     def watch(self, pid: int) -> None:
         """Keep ``pid``'s status when it exits (call right after starting it)."""
-        if pid not in self._waiters and self._loop is not None:
-            self._waiters[pid] = self._loop.create_future()
+        if pid not in self._waiters and pid not in self._statuses:
+            self._waiters[pid] = asyncio.get_running_loop().create_future()
         self.reap()  # it may already have exited before we looked
 
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid`` is a watched child not yet reaped. Until it is reaped its pid, and a
+        process group it leads, cannot be reused: only then may a bare number be signalled."""
+        return pid in self._waiters
+
     async def wait(self, pid: int) -> ExitStatus:
-        self.watch(pid)
+        if pid not in self._statuses and pid not in self._waiters:
+            self.watch(pid)
         if pid in self._statuses:
             return self._statuses.pop(pid)
         status = await self._waiters[pid]

@@ -1,0 +1,86 @@
+"""Helpers every test package shares: finding a test's own processes by their tag, and waiting,
+with a bound, until they are gone.
+
+A "nothing left" assertion never reads the process table once: a process killed a moment ago may
+still be on its way out. It waits on pidfds (no polling, no sleep) up to a bound, then reports what
+is still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+
+from andon.base import call_tag, procs
+from andon.base.procs import ProcInfo
+
+__all__ = [
+    "alive_after",
+    "call_entry",
+    "can_force_pids",
+    "leftovers",
+    "session_leftovers",
+    "spawn_at_pid",
+]
+
+
+def call_entry(owner: str, call_id: str) -> bytes:
+    """The environment entry every process of ``owner``'s call ``call_id`` carries."""
+    return procs.tag_entry(call_tag(owner, call_id))
+
+
+def session_leftovers(
+    folder: str | os.PathLike[str], call_id: str, timeout: float = 5.0
+) -> list[ProcInfo]:
+    """Processes of call ``call_id`` of the session in ``folder`` still alive after up to
+    ``timeout``: found by the session's own tag, so another session's ``call_id`` never counts."""
+    with open(os.path.join(folder, "events.jsonl"), "rb") as f:
+        first = json.loads(f.readline())
+    return leftovers(call_entry(first["data"]["session_id"], call_id), timeout)
+
+
+def alive_after(found: Iterable[ProcInfo], timeout: float = 5.0) -> list[ProcInfo]:
+    """Those of ``found`` still alive (and still the same processes) after up to ``timeout``."""
+    opened = [(p, procs.Pidfd.open(p.key)) for p in found]
+    fds = [fd for _, fd in opened if fd is not None]
+    try:
+        procs.wait_exited(fds, timeout)
+        return [p for p, fd in opened if fd is not None and not fd.exited()]
+    finally:
+        for fd in fds:
+            fd.close()
+
+
+def leftovers(entry: bytes, timeout: float = 5.0) -> list[ProcInfo]:
+    """Processes carrying ``entry`` that are still alive after up to ``timeout``."""
+    return alive_after(procs.tagged(entry), timeout)
+
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def can_force_pids() -> bool:
+    """Whether this process may choose the next pid (root, with a writable ns_last_pid)."""
+    return os.access(NS_LAST_PID, os.W_OK)
+
+
+def spawn_at_pid(
+    pid: int, argv: list[str], *, env: dict[str, str] | None = None, tries: int = 200
+) -> subprocess.Popen[bytes] | None:
+    """Start ``argv`` in its own session with exactly ``pid`` (which must be free): a stranger
+    that took over a number andon once knew. None if another process kept taking the number.
+
+    The kernel gives the next process ``ns_last_pid + 1``; anything else on the machine may fork
+    in between, so a miss is killed (our own unreaped child) and the write retried.
+    """
+    for _ in range(tries):
+        with open(NS_LAST_PID, "w") as f:
+            f.write(str(pid - 1))
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
