@@ -8,10 +8,14 @@ is still alive.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import select
 import subprocess
+import time
 from collections.abc import Iterable
+from pathlib import Path
 
 from andon.base import call_tag, procs
 from andon.base.procs import ProcInfo
@@ -84,3 +88,52 @@ def spawn_at_pid(
         proc.kill()
         proc.wait()
     return None
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout
+
+
+def wait_all_exited(pids: list[int], timeout: float) -> list[int]:
+    """Wait (on pidfds) until every pid has exited; return those still alive at the deadline."""
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + timeout
+    try:
+        while fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _, _ = select.select(list(fds), [], [], left)
+            for fd in ready:
+                fds.pop(fd)
+                os.close(fd)
+        return list(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def gated(fifo: Path) -> str:
+    """A tool that prints ``ready``, then waits until the test opens the gate, then finishes."""
+    return f"echo ready; read word < {fifo}; echo finished $word"
+
+
+async def open_gate(fifo: Path) -> None:
+    def write() -> None:
+        fd = os.open(fifo, os.O_WRONLY)  # blocks until the tool has it open for reading
+        try:
+            os.write(fd, b"normally\n")
+        finally:
+            os.close(fd)
+
+    await asyncio.to_thread(write)
+
+
+def fifo_in(tmp_path: Path) -> Path:
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    return fifo

@@ -9,7 +9,7 @@ import sys
 import andon
 from andon.llm import Scripted
 from andon.supervisor import WorkerPoolConfig, subagent_tool
-from tests.agent.test_subagent import CHILD_SLOW, DELEGATE
+from tests.agent.support import CHILD_SLOW, DELEGATE
 from tests.workers.pytools import registry
 
 

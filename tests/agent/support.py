@@ -109,3 +109,13 @@ def assert_valid_request(messages: list[dict[str, Any]]) -> None:
 
 def turn_ends(folder: Path) -> list[dict[str, Any]]:
     return [r["data"]["reason"] for r in records(folder) if r["type"] == "turn/end"]
+
+
+DELEGATE = {"tool_calls": [{"name": "subagent", "arguments": {"task": "run the slow check"}}]}
+CHILD_SLOW = [
+    {
+        "tool_calls": [
+            {"name": "bash", "arguments": {"command": "echo child-ready; exec sleep 1000"}}
+        ]
+    }
+]

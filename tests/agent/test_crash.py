@@ -11,8 +11,7 @@ from pathlib import Path
 from andon.llm import Scripted
 from andon.session import check, load
 from tests.agent.support import agent_for, assert_valid_request, records
-from tests.support import session_leftovers
-from tests.workers.test_loss import REPO, wait_all_exited
+from tests.support import REPO, session_leftovers, wait_all_exited
 
 
 async def test_kill_9_mid_tool_then_load_and_resume(tmp_path: Path) -> None:

@@ -17,9 +17,8 @@ from andon.llm import Scripted
 from andon.supervisor import WorkerPool, WorkerPoolConfig
 from tests.agent.support import Watcher, records, turn_ends
 from tests.agent.support import test_registry as make_registry
-from tests.support import session_leftovers
+from tests.support import fifo_in, gated, open_gate, session_leftovers
 from tests.workers.support import MODES
-from tests.workers.test_strangers import fifo_in, gated, open_gate
 
 
 def bash(command: str) -> dict[str, object]:

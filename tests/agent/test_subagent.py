@@ -12,19 +12,17 @@ from andon.base import User
 from andon.llm import Scripted
 from andon.session import check, load, read
 from andon.supervisor import subagent_tool
-from tests.agent.support import Watcher, agent_for, assert_sound, records, turn_ends
-from tests.support import session_leftovers
+from tests.agent.support import (
+    CHILD_SLOW,
+    DELEGATE,
+    Watcher,
+    agent_for,
+    assert_sound,
+    records,
+    turn_ends,
+)
+from tests.support import REPO, session_leftovers, wait_all_exited
 from tests.workers.pytools import registry
-from tests.workers.test_loss import REPO, wait_all_exited
-
-DELEGATE = {"tool_calls": [{"name": "subagent", "arguments": {"task": "run the slow check"}}]}
-CHILD_SLOW = [
-    {
-        "tool_calls": [
-            {"name": "bash", "arguments": {"command": "echo child-ready; exec sleep 1000"}}
-        ]
-    }
-]
 
 
 def tools_with_child(child_replies: list[dict[str, object]]) -> object:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from tests.cli.test_run import assert_balanced, env, records, script
+from tests.cli.support import assert_balanced, env, records, script
 
 PYTHON = sys.executable
 STUBBORN = "trap '' INT TERM; echo AR\\MED; for i in $(seq 1 600); do echo tick $i; sleep 0.1; done"

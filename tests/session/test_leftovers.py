@@ -28,6 +28,7 @@ from andon.session import (
     read,
     repair,
 )
+from andon.session._leftovers import StartedCall, find_leftovers
 from tests.session.helpers import Sim, lines_of
 from tests.support import alive_after, can_force_pids, spawn_at_pid
 
@@ -238,49 +239,78 @@ def cgroup_root() -> Iterator[Path]:
         folder.rmdir()
 
 
-def _in_cgroup(leaf: Path) -> subprocess.Popen[bytes]:
-    leaf.mkdir()
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True, env=_env(None))
+def _in_cgroup(leaf: Path, tag: str | None) -> subprocess.Popen[bytes]:
+    leaf.mkdir(exist_ok=True)
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True, env=_env(tag))
     (leaf / "cgroup.procs").write_text(str(proc.pid))
     return proc
 
 
-def test_the_calls_own_cgroup_is_killed_even_when_nothing_else_proves_the_process(
+def test_the_calls_cgroup_is_killed_when_every_member_carries_the_tag(
     tmp_path: Path, cgroup_root: Path
 ) -> None:
     sid = session_id()
-    leaf = cgroup_root / f"call-{call_tag(sid, 'c1-1-1')}"
-    proc = _in_cgroup(leaf)  # untagged, and the recorded start time is wrong
+    tag = call_tag(sid, "c1-1-1")
+    leaf = cgroup_root / f"call-{tag}"
+    procs_in = [_in_cgroup(leaf, tag), _in_cgroup(leaf, tag)]
     try:
-        started = _started(proc.pid, create_time=1.0, containment="cgroup", cgroup=str(leaf))
+        leader = procs_in[0].pid
+        started = _started(leader, containment="cgroup", cgroup=str(leaf))
         _crashed(tmp_path / "s", sid, started)
         loaded = load(tmp_path / "s")
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-        assert [lf.via for lf in loaded.report.leftovers] == ["cgroup"]
-        assert _summary(loaded).killed_leftovers == 1
+        assert [p.wait(timeout=10) for p in procs_in] == [-signal.SIGKILL] * 2
+        assert sorted(lf.via for lf in loaded.report.leftovers) == ["leader", "tag"]
+        assert _summary(loaded).killed_leftovers == 2
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
+        for p in procs_in:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
 
 
-@pytest.mark.parametrize("name", ["call-c1-1-1", "call-s-000000000000-c1-1-1"])
-def test_a_cgroup_not_named_for_this_call_is_never_touched(
-    tmp_path: Path, cgroup_root: Path, name: str
+def test_an_untagged_member_of_the_calls_cgroup_is_never_touched(
+    tmp_path: Path, cgroup_root: Path
 ) -> None:
-    # The old naming (``call-<call id>``, shared by every session) and another session's call.
+    # The path comes from the log: a stale or tampered one must not make repair kill anything
+    # that does not also carry the call's tag, nor kill the cgroup as a whole.
     sid = session_id()
-    leaf = cgroup_root / name
-    proc = _in_cgroup(leaf)
+    tag = call_tag(sid, "c1-1-1")
+    leaf = cgroup_root / f"call-{tag}"
+    ours, stranger = _in_cgroup(leaf, tag), _in_cgroup(leaf, None)
     try:
-        started = _started(proc.pid, create_time=1.0, containment="cgroup", cgroup=str(leaf))
+        started = _started(ours.pid, containment="cgroup", cgroup=str(leaf))
         _crashed(tmp_path / "s", sid, started)
-        assert repair(tmp_path / "s", dry_run=True).leftovers == ()
-        assert _summary(load(tmp_path / "s")).killed_leftovers == 0
-        assert proc.poll() is None
+        loaded = load(tmp_path / "s")
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        assert [lf.pid for lf in loaded.report.leftovers] == [ours.pid]
+        assert stranger.poll() is None
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        for p in (ours, stranger):
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    "name", ["call-c1-1-1", "call-s-000000000000-c1-1-1", "../call-{tag}", "call-{tag}"]
+)
+def test_a_recorded_cgroup_is_trusted_only_if_its_path_names_this_call(
+    cgroup_root: Path, name: str
+) -> None:
+    # The old naming (shared by every session), another session's call, a path that climbs out
+    # of the pool's folder; only the last one is this call's.
+    sid = session_id()
+    tag = call_tag(sid, "c1-1-1")
+    leaf = cgroup_root / name.format(tag=tag)
+    if ".." not in name:
+        leaf.mkdir()
+    started = ToolStarted(
+        1, 1, "c1-1-1", "w1", socket.gethostname(), 1, 1, 0.0, "cgroup", str(leaf)
+    )  # fmt: skip
+    plan = find_leftovers([StartedCall("c1-1-1", tag, started)])
+    ((identity, found),) = plan.calls
+    assert found == ()
+    assert identity.cgroup == (leaf if name == "call-{tag}" else None)
 
 
 def test_kill_in_flight_kills_the_logs_running_call_and_no_stranger(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from andon.supervisor import (
     WorkerPoolConfig,
 )
 from andon.workers import ToolRegistry, default, detect_mode
+from tests.support import call_entry, leftovers
 
 try:
     detect_mode("cgroup")
@@ -110,3 +111,8 @@ async def start(
     recorder = Recorder()
     task = asyncio.create_task(executor.execute(request, signal or controller.signal, recorder))
     return task, recorder, controller
+
+
+def call_processes(executor: ToolExecutor, call_id: str) -> list[int]:
+    """Processes of this executor's call ``call_id`` still alive after a bounded wait."""
+    return [p.pid for p in leftovers(call_entry(executor.identity, call_id))]

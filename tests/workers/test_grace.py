@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from andon.base import ErrorCode, GracePolicy, ManualClock, User, executor_id, procs
-from andon.supervisor import ToolExecutor
 from andon.testing import (
     SHELL_SLEEP,
     STUBBORN,
@@ -17,13 +16,8 @@ from andon.testing import (
     benchmark_tree,
     leader_obeys_member_stubborn,
 )
-from tests.support import call_entry, leftovers
-from tests.workers.support import MODES, bash, running_pool, start
-
-
-def call_processes(executor: ToolExecutor, call_id: str) -> list[int]:
-    """Processes of this executor's call ``call_id`` still alive after a bounded wait."""
-    return [p.pid for p in leftovers(call_entry(executor.identity, call_id))]
+from tests.support import call_entry
+from tests.workers.support import MODES, bash, call_processes, running_pool, start
 
 
 @pytest.mark.parametrize("mode", MODES)

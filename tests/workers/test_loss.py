@@ -4,47 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from andon.base import AbortController, ErrorCode, User
 from andon.supervisor import ToolCallRequest
 from andon.testing import SHELL_SLEEP
-from tests.support import call_entry, leftovers
+from tests.support import REPO, call_entry, leftovers, wait_all_exited
 from tests.workers.pytools import registry
-from tests.workers.support import MODES, bash, running_pool, start
-from tests.workers.test_grace import call_processes
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def wait_all_exited(pids: list[int], timeout: float) -> list[int]:
-    """Wait (on pidfds) until every pid has exited; return those still alive at the deadline."""
-    fds: dict[int, int] = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + timeout
-    try:
-        while fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _, _ = select.select(list(fds), [], [], left)
-            for fd in ready:
-                fds.pop(fd)
-                os.close(fd)
-        return list(fds.values())
-    finally:
-        for fd in fds:
-            os.close(fd)
+from tests.workers.support import MODES, bash, call_processes, running_pool, start
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -8,7 +8,6 @@ damage it checks for, so nothing here waits on time.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -18,30 +17,16 @@ from andon.base import ErrorCode, GracePolicy, User, call_tag, executor_id, proc
 from andon.supervisor import ToolExecutor, WorkerPool, WorkerPoolConfig
 from andon.testing import SHELL_SLEEP
 from andon.workers import default
-from tests.support import call_entry, can_force_pids, leftovers, spawn_at_pid
+from tests.support import (
+    call_entry,
+    can_force_pids,
+    fifo_in,
+    gated,
+    leftovers,
+    open_gate,
+    spawn_at_pid,
+)
 from tests.workers.support import MODES, bash, running_pool, start
-
-
-def gated(fifo: Path) -> str:
-    """A tool that prints ``ready``, then waits until the test opens the gate, then finishes."""
-    return f"echo ready; read word < {fifo}; echo finished $word"
-
-
-async def open_gate(fifo: Path) -> None:
-    def write() -> None:
-        fd = os.open(fifo, os.O_WRONLY)  # blocks until the tool has it open for reading
-        try:
-            os.write(fd, b"normally\n")
-        finally:
-            os.close(fd)
-
-    await asyncio.to_thread(write)
-
-
-def fifo_in(tmp_path: Path) -> Path:
-    fifo = tmp_path / "gate"
-    os.mkfifo(fifo)
-    return fifo
 
 
 def assert_ran_to_its_end(outcome: object) -> None:

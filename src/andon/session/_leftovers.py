@@ -12,9 +12,11 @@ started no earlier than the recorded leader **and** one of these holds:
 
 * it carries the call's tag (``ANDON_CALL_TAG=<session id>-<call id>``, unique to this session's
   call; the recorded leader itself is reported as ``leader``);
-* it is in the call's cgroup, when the log records one whose path proves it andon's and this
-  call's: under a cgroup2 mount, in a folder ``andon-<pid>-<random>``, named ``call-<tag>``
-  (a process cannot enter a cgroup by accident, and a cleared environment does not take it out).
+* it is in the call's cgroup **and** carries the tag, when the log records a cgroup whose path
+  proves it andon's and this call's: under a cgroup2 mount, in a folder ``andon-<pid>-<random>``,
+  named ``call-<tag>``. The cgroup is then also killed as a whole (``cgroup.kill`` reaches a fork
+  that raced the scan), but only if every member carries the tag: a path read from a log may be
+  stale or tampered with.
 
 A group id or a parent chain proves nothing once the leader may be gone, so neither is used. Signals
 go through verified pidfds (``andon.base.procs``), and only calls that ran on this host count.
@@ -77,8 +79,8 @@ class LeftoverPlan:
     """What repair would kill: the processes found, and per call what names them."""
 
     processes: tuple[Leftover, ...] = ()
-    calls: tuple[tuple[CallIdentity, bool, tuple[ProcInfo, ...]], ...] = ()
-    """(identity, whether its cgroup was proven the call's, the processes found for it)."""
+    calls: tuple[tuple[CallIdentity, tuple[ProcInfo, ...]], ...] = ()
+    """(what names the call, the processes found for it)."""
 
 
 def started_calls(
@@ -124,15 +126,14 @@ def find_leftovers(calls: Iterable[StartedCall], *, host: str | None = None) -> 
     everything = procs.snapshot()
     seen: set[int] = {procs.own_key().pid}
     leftovers: list[Leftover] = []
-    plans: list[tuple[CallIdentity, bool, tuple[ProcInfo, ...]]] = []
+    plans: list[tuple[CallIdentity, tuple[ProcInfo, ...]]] = []
     for call in mine:
         identity, found = _find_one(call, everything, seen)
         seen.update(found)
         leftovers.extend(
             Leftover(call.call_id, p.pid, p.key.create_time, via) for p, via in found.values()
         )
-        owned = identity.cgroup is not None
-        plans.append((identity, owned, tuple(p for p, _ in found.values())))
+        plans.append((identity, tuple(p for p, _ in found.values())))
     return LeftoverPlan(tuple(leftovers), tuple(plans))
 
 
@@ -151,10 +152,14 @@ def _find_one(
         for p in procs.tagged(procs.tag_entry(call.tag), procs=everything):
             add(p, "tag")
     cgroup = _trusted_cgroup(s.cgroup, call.tag)
-    if cgroup is not None:
+    if cgroup is not None and call.tag is not None:
+        # The path alone comes from the log, which may be stale or tampered with: a member
+        # counts only if it carries the tag too (and the cgroup.kill that also reaches a fork
+        # racing the scan is written only if every member does).
+        entry = procs.tag_entry(call.tag)
         for pid in procs.cgroup_pids(cgroup):
             info = procs.stat(pid)
-            if info is not None:
+            if info is not None and procs.carries(pid, entry):
                 add(info, "cgroup")
     return CallIdentity(call.tag, leader, cgroup), found
 
@@ -163,7 +168,8 @@ def kill_leftovers(plan: LeftoverPlan, *, wait: float = KILL_WAIT) -> int:
     """SIGKILL everything in ``plan`` and wait (bounded) until it has exited; returns how many
     processes were killed (ones that had exited meanwhile are not counted)."""
     killed = 0
-    for identity, cgroup_owned, found in plan.calls:
+    for identity, found in plan.calls:
         if found or identity.cgroup is not None:
-            killed += procs.kill_call(identity, cgroup_owned=cgroup_owned, wait=wait, found=found)
+            # Not owned: kill_call writes cgroup.kill only if every member carries the tag.
+            killed += procs.kill_call(identity, wait=wait, found=found)
     return killed

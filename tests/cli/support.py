@@ -1,0 +1,105 @@
+"""Shared pieces for the CLI tests: the real ``andon`` executable, scripted models, and reading
+its ``--json`` lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ANDON = str(Path(sys.executable).parent / "andon")
+LONG = "for i in $(seq 1 600); do echo step $i; sleep 0.1; done"
+# Ignores SIGINT and SIGTERM (children inherit the ignored dispositions): only SIGKILL stops it.
+STUBBORN = "trap '' INT TERM; for i in $(seq 1 600); do echo tick $i; sleep 0.1; done"
+
+
+def script(path: Path, replies: list[dict[str, Any]]) -> str:
+    path.write_text(json.dumps({"replies": replies}))
+    return f"script:{path}"
+
+
+def long_script(tmp_path: Path, command: str = LONG) -> str:
+    return script(
+        tmp_path / "long.json",
+        [
+            {
+                "text": "Building.",
+                "tool_calls": [{"name": "bash", "arguments": {"command": command}}],
+            },
+            {"text": "Stopped."},
+        ],
+    )
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {
+        k: v for k, v in os.environ.items() if not k.startswith("ANDON_") or k == "ANDON_TEST_RUN"
+    }
+    out.update(extra)
+    return out
+
+
+def run(
+    *args: str, cwd: Path, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ANDON, *args],
+        cwd=cwd,
+        env=environ or env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [ANDON, *args],
+        cwd=cwd,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def read_until(
+    proc: subprocess.Popen[str], pred: Callable[[dict[str, Any]], bool]
+) -> list[dict[str, Any]]:
+    """Read --json lines until one matches (the test's timeout bounds the wait)."""
+    assert proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+    for line in proc.stdout:
+        event = json.loads(line)
+        seen.append(event)
+        if pred(event):
+            return seen
+    raise AssertionError(f"andon ended before the awaited event; last: {seen[-3:]}")
+
+
+def is_tool_output(event: dict[str, Any]) -> bool:
+    return event.get("type") == "tool/output"
+
+
+def finish(
+    proc: subprocess.Popen[str], timeout: float = 30
+) -> tuple[int, list[dict[str, Any]], str]:
+    out, err = proc.communicate(timeout=timeout)
+    events = [json.loads(line) for line in out.splitlines()]
+    return proc.returncode, events, err
+
+
+def records(session: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session / "events.jsonl").read_text().splitlines()]
+
+
+def assert_balanced(session: Path) -> None:
+    check = run("check", str(session), cwd=session.parent)
+    assert check.returncode == 0, check.stdout + check.stderr
