@@ -30,10 +30,24 @@ def kill_tagged(entry: bytes, timeout: float = 5.0) -> int:
     return procs.signal_tagged(entry, signal.SIGKILL, wait=timeout)
 
 
+def default_signals() -> None:
+    """Run in a floor's child before exec: SIGINT and SIGQUIT back to their defaults.
+
+    A CI job (or any background job of a shell) may start us with them ignored, and an ignored
+    disposition is inherited and cannot be undone by the shell itself; andon's workers reset them
+    for every tool, so the floor must too, or its SIGINT would never stop anything."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def _start(command: str, tag: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, TAG_VAR: tag}
     proc = subprocess.Popen(
-        ["bash", "-c", command], stdout=subprocess.PIPE, start_new_session=True, env=env
+        ["bash", "-c", command],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+        preexec_fn=default_signals,  # only signal.signal, before exec
     )
     assert proc.stdout is not None
     buf = b""
@@ -43,6 +57,19 @@ def _start(command: str, tag: str) -> subprocess.Popen[bytes]:
             raise RuntimeError(f"the floor's tree exited before it was ready: {command[:60]!r}")
         buf += chunk
     return proc
+
+
+def _wait_bounded(proc: subprocess.Popen[bytes], command: str, timeout: float = 30.0) -> None:
+    """Reap the floor's leader; a leader that outlives its last signal by ``timeout`` is a broken
+    scenario, not a measurement: kill its group and say so (never hang the benchmark)."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        procs.killpg_pinned(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise RuntimeError(
+            f"the floor's leader ignored its signals for {timeout:.0f} s: {command[:60]!r}"
+        ) from None
 
 
 def bare_stop(
@@ -68,7 +95,7 @@ def bare_stop(
         # cannot have been reused.
         if not procs.killpg_pinned(proc.pid, sig):
             break
-    proc.wait()
+    _wait_bounded(proc, command)
     took = time.perf_counter() - t0
     assert proc.stdout is not None
     proc.stdout.close()
@@ -86,7 +113,7 @@ def bare_stop_everything(command: str, tag: str, delay: float = 0.0) -> float:
         time.sleep(delay)  # sleep-ok: the random moment inside the activity
     t0 = time.perf_counter()
     procs.killpg_pinned(proc.pid, signal.SIGINT)  # our unreaped child leads the group
-    proc.wait()
+    _wait_bounded(proc, command)
     procs.signal_tagged(entry, signal.SIGTERM, wait=5.0)
     took = time.perf_counter() - t0
     assert proc.stdout is not None

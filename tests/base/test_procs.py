@@ -1,0 +1,70 @@
+"""andon.base.procs against real processes: keys, verified signals, and a kill that keeps up with
+a call that forks while it is being killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from andon.base import call_tag, executor_id, procs
+from tests.support import leftovers
+
+
+def _tagged_env(tag: str) -> dict[str, str]:
+    return {**os.environ, procs.TAG_VAR: tag}
+
+
+def test_a_key_survives_the_round_trip_through_the_logs_seconds() -> None:
+    key = procs.own_key()
+    assert procs.ProcessKey.from_create_time(key.pid, key.create_time) == key
+
+
+def test_a_pidfd_is_refused_for_a_key_whose_start_does_not_match() -> None:
+    key = procs.own_key()
+    assert procs.Pidfd.open(procs.ProcessKey(key.pid, key.start + 1)) is None
+    fd = procs.Pidfd.open(key)
+    assert fd is not None
+    fd.close()
+
+
+# Eight loops, each forking escaping children (a double fork: they re-parent away) as fast as it
+# can, so forks land between any scan and its SIGKILL.
+FORKERS = "for j in 1 2 3 4 5 6 7 8; do (while :; do (sleep 1000 &); done) & done; echo ready; wait"
+
+
+def test_kill_call_keeps_killing_what_forks_while_it_is_being_killed() -> None:
+    # Children forked between a scan and its SIGKILL inherit the tag; the next scan finds them.
+    tag = call_tag(executor_id(), "c1-1-1")
+    proc = subprocess.Popen(
+        ["bash", "-c", FORKERS],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env=_tagged_env(tag),
+    )
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        killed = procs.kill_call(procs.CallIdentity(tag), wait=5.0)
+        assert killed >= 1
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert leftovers(procs.tag_entry(tag), timeout=5.0) == []
+    finally:
+        procs.signal_tagged(procs.tag_entry(tag), signal.SIGKILL, wait=5.0)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+def test_signal_group_does_nothing_once_its_anchor_has_exited() -> None:
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    info = procs.stat(proc.pid)
+    assert info is not None
+    fd = procs.Pidfd.open(info.key, zombie_ok=True)
+    assert fd is not None
+    try:
+        proc.wait(timeout=10)  # reaped: its number may be anyone's now
+        assert procs.signal_group(fd, signal.SIGKILL) == 0
+    finally:
+        fd.close()
