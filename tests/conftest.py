@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import secrets
 import signal
 from collections.abc import Iterator
 
@@ -19,17 +17,7 @@ import pytest
 
 from andon.base import procs
 from andon.base.procs import ProcInfo
-from tests.support import alive_after
-
-TAG_VAR = "ANDON_TEST_RUN"
-TAG = secrets.token_hex(8)
-os.environ[TAG_VAR] = TAG
-ENTRY = f"{TAG_VAR}={TAG}".encode()
-
-
-def tagged_processes() -> list[ProcInfo]:
-    """Live (non-zombie) processes, other than this one, that carry this run's tag."""
-    return procs.tagged(ENTRY, exclude=(os.getpid(),))
+from tests.support import RUN_ENTRY, alive_after, tagged_processes
 
 
 def _describe(found: list[ProcInfo]) -> str:
@@ -54,7 +42,7 @@ def _check_and_clean(when: str) -> None:
         return
     report = _describe(alive)
     # Clean up so that one leak does not fail every later test; only this run's tag is touched.
-    procs.signal_tagged(ENTRY, signal.SIGKILL, wait=3.0)
+    procs.signal_tagged(RUN_ENTRY, signal.SIGKILL, wait=3.0)
     pytest.fail(f"{when} left {len(alive)} process(es) running:\n{report}", pytrace=False)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import select
 import subprocess
 import time
@@ -21,13 +22,28 @@ from andon.base import call_tag, procs
 from andon.base.procs import ProcInfo
 
 __all__ = [
+    "RUN_ENTRY",
     "alive_after",
     "call_entry",
     "can_force_pids",
     "leftovers",
     "session_leftovers",
     "spawn_at_pid",
+    "tagged_processes",
 ]
+
+# Every process this test run starts inherits this variable (children, grandchildren, escapees
+# that re-parent away with setsid or a double fork): the leftover check looks for exactly this
+# run's tag, so a second copy of the suite on the same machine is never mistaken for ours.
+RUN_TAG_VAR = "ANDON_TEST_RUN"
+# Always fresh, never inherited: two suites started from one shell must not share a tag.
+os.environ[RUN_TAG_VAR] = secrets.token_hex(8)
+RUN_ENTRY = f"{RUN_TAG_VAR}={os.environ[RUN_TAG_VAR]}".encode()
+
+
+def tagged_processes() -> list[ProcInfo]:
+    """Live (non-zombie) processes, other than this one, that carry this run's tag."""
+    return procs.tagged(RUN_ENTRY, exclude=(os.getpid(),))
 
 
 def call_entry(owner: str, call_id: str) -> bytes:

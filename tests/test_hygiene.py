@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 
-import psutil
-
-from tests.conftest import tagged_processes
+from andon.base import procs
+from tests.support import alive_after, tagged_processes
 
 
 def test_leftover_check_sees_a_double_forked_escapee() -> None:
@@ -21,13 +19,13 @@ def test_leftover_check_sees_a_double_forked_escapee() -> None:
         check=True,
     )
     pid = int(out.stdout.strip())
+    info = procs.stat(pid)
+    assert info is not None, "the escapee is already gone"
     try:
-        proc = psutil.Process(pid)
-        assert proc.ppid() != os.getpid()
+        assert info.ppid != os.getpid()
         assert pid in [p.pid for p in tagged_processes()]
     finally:
-        fd = os.pidfd_open(pid)
-        os.kill(pid, signal.SIGKILL)
-        select.select([fd], [], [], 5)  # readable once it has exited (init reaps it later)
-        os.close(fd)
+        # Not our child: reached through a pidfd verified against its start time, never a bare pid.
+        assert procs.signal_key(info.key, signal.SIGKILL)
+    assert alive_after([info], timeout=5.0) == []
     assert pid not in [p.pid for p in tagged_processes()]
