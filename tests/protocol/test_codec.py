@@ -29,6 +29,7 @@ from andon.protocol import (
     MAX_JSON_DEPTH,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
+    Ack,
     Cancel,
     ErrorInfo,
     ErrorReply,
@@ -86,7 +87,7 @@ SAMPLES: list[Message] = [
     Output(call_id="c1-1-1", stream="stdout", data=b"gcc -c a.c\n\xff\xfe\x00", offset=0),
     Output(call_id="c1-1-1", stream="stderr", data=b"", offset=2**40),
     Cancel(call_id="c1-1-1", stage="interrupt"),
-    Cancel(call_id="c1-1-1", stage="kill"),
+    Cancel(call_id="c1-1-1", stage="kill", cause={"kind": "hook", "reason": "budget"}, kill_in=0.0),
     Signalled(call_id="c1-1-1", stage="term", at=2.08, targets=5),
     Signalled(call_id="c1-1-1", stage="sweep-kill", at=INF, targets=0),
     Result(
@@ -118,6 +119,7 @@ SAMPLES: list[Message] = [
     ErrorReply(reason="unexpected message", call_id=None),
     Shutdown(grace=INF),
     Shutdown(grace=0.5),
+    Ack(call_id="c1-1-1", offset=2**40),
 ]
 
 
@@ -266,14 +268,14 @@ def test_header_not_a_map(header: object) -> None:
     ("header", "match"),
     [
         ({"type": "run", "call_id": "c1-1-1"}, "no 'v'"),
-        ({"v": 2, "call_id": "c1-1-1"}, "no 'type'"),
-        ({"v": 2, "type": 7}, "'type' is not a string"),
-        ({"v": 2, "type": b"run"}, "'type' is not a string"),
-        ({"v": 2, "type": "run", "call_id": 3}, "'call_id' is not a string"),
-        ({"v": 2, "type": "run", "call_id": None}, "'call_id' is not a string"),
-        ({"v": 2, "type": "run", "call_id": "c1-1-1", "extra": 1}, "unexpected key extra"),
-        ({"v": 2, "type": "run"}, "does not match"),
-        ({"v": 2, "type": "run", "call_id": "c9-9-9"}, "does not match"),
+        ({"v": 3, "call_id": "c1-1-1"}, "no 'type'"),
+        ({"v": 3, "type": 7}, "'type' is not a string"),
+        ({"v": 3, "type": b"run"}, "'type' is not a string"),
+        ({"v": 3, "type": "run", "call_id": 3}, "'call_id' is not a string"),
+        ({"v": 3, "type": "run", "call_id": None}, "'call_id' is not a string"),
+        ({"v": 3, "type": "run", "call_id": "c1-1-1", "extra": 1}, "unexpected key extra"),
+        ({"v": 3, "type": "run"}, "does not match"),
+        ({"v": 3, "type": "run", "call_id": "c9-9-9"}, "does not match"),
     ],
 )
 def test_bad_headers(header: dict[str, object], match: str) -> None:
@@ -486,7 +488,9 @@ def test_encode_can_refuse_an_oversized_message() -> None:
         encode(RUN, max_bytes=size - 1)
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, -1, 2**64 - 1, "2", 2.0, True, None, [1]], ids=repr)
+@pytest.mark.parametrize(
+    "version", [0, 1, 2, 4, -1, 2**64 - 1, "3", 3.0, True, None, [1]], ids=repr
+)
 def test_wrong_version(version: object) -> None:
     frames = frames_of(RUN, header=lambda h: changed(h, v=version))
     with pytest.raises(VersionMismatch) as info:
@@ -497,13 +501,13 @@ def test_wrong_version(version: object) -> None:
 
 
 def test_version_is_checked_before_anything_else_in_the_header() -> None:
-    header = msgpack.packb({"v": 3, "type": "from-the-future", "flags": [1, 2]})
+    header = msgpack.packb({"v": 4, "type": "from-the-future", "flags": [1, 2]})
     with pytest.raises(VersionMismatch):
         decode([header, b"\xc1 not even msgpack"])
 
 
 def test_unknown_type_keeps_the_call_id() -> None:
-    header = msgpack.packb({"v": 2, "type": "teleport", "call_id": "c1-1-1"})
+    header = msgpack.packb({"v": 3, "type": "teleport", "call_id": "c1-1-1"})
     with pytest.raises(UnknownMessage) as info:
         decode([header, msgpack.packb({})])
     assert info.value.type_name == "teleport"

@@ -32,8 +32,9 @@ from andon.protocol._messages import MESSAGE_CLASSES
 PROTOCOL_SRC = Path(protocol.__file__).parent
 
 
-def test_protocol_version_is_one() -> None:
-    assert PROTOCOL_VERSION == 2
+def test_protocol_version_is_three() -> None:
+    # 3: ``cancel`` carries the cause and the time left to KILL.
+    assert PROTOCOL_VERSION == 3
 
 
 def test_every_message_class_is_in_the_union_and_has_a_unique_tag() -> None:
@@ -53,6 +54,7 @@ def test_the_tags_are_those_of_workers_md() -> None:
         "run",
         "started",
         "output",
+        "ack",
         "cancel",
         "signalled",
         "result",

@@ -49,20 +49,79 @@ def echo_pid() -> str:
     return str(os.getpid())
 
 
-@andon.tools.tool
-async def send_garbage() -> str:
-    """Makes its own worker break the protocol, as a buggy or hostile worker might."""
-    from andon.workers import _main
-
-    worker = _main._ACTIVE
-    assert worker is not None and worker._sock is not None
-    await worker._sock.send_multipart([b"\xc1 not msgpack", b"\x00"])
-    await asyncio.sleep(30)  # sleep-ok: waits to be killed by the supervisor
-    return "not reached"
-
-
 def registry() -> andon.tools.ToolRegistry:
     reg = andon.tools.default()
-    for t in (cooperative, stubborn_sync, env_probe, fails, echo_pid, send_garbage):
+    for t in (cooperative, stubborn_sync, env_probe, fails, echo_pid):
+        reg.add(t)
+    return reg
+
+
+@andon.tools.tool
+async def exit_statuses() -> str:
+    """Children that exit 3, waited three ways: a stolen status would read 0 (or 255)."""
+    import subprocess
+
+    plain = subprocess.run(["sh", "-c", "exit 3"], check=False).returncode
+    captured = subprocess.run(["sh", "-c", "exit 3"], capture_output=True, check=False).returncode
+    proc = await asyncio.create_subprocess_exec("sh", "-c", "exit 3")
+    waited = await proc.wait()
+    return f"{plain},{captured},{waited}"
+
+
+@andon.tools.tool
+async def leaves_things(mode: str, ready: str = "", *, signal: AbortSignal) -> str:
+    """Starts a setsid child, a thread and an asyncio task that would all run for minutes, then
+    returns (``mode='return'``), waits for its signal (``'cooperate'``) or ignores it and SIGTERM
+    (``'ignore'``; then it says so on the FIFO ``ready``)."""
+    import subprocess
+    import threading
+
+    subprocess.Popen(["setsid", "sleep", "300"], start_new_session=True)
+    threading.Thread(target=time.sleep, args=(300,), daemon=False).start()
+    asyncio.get_running_loop().create_task(asyncio.sleep(300))
+    if mode == "return":
+        return "left"
+    if mode == "cooperate":
+        await signal.wait()
+        signal.throw_if_aborted()
+    import signal as _signal
+
+    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)  # only SIGKILL ends it
+    if ready:
+        with open(ready, "w") as f:  # a FIFO: the test waits on it, not on time
+            f.write("deaf\n")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.01)  # noqa: ASYNC251 - blocks its own loop on purpose: deaf to its signal
+    return "unreachable"
+
+
+@andon.tools.tool
+async def reason_probe(path: str, ready: str = "", *, signal: AbortSignal) -> str:
+    """Says it runs on the FIFO ``ready``, writes the reason its signal aborted with to
+    ``path``, then stops as asked."""
+    if ready:
+        with open(ready, "w") as f:
+            f.write("running\n")
+    cause = await signal.wait()
+    with open(path, "w") as f:
+        f.write(cause.describe())
+    signal.throw_if_aborted()
+    return "unreachable"
+
+
+@andon.tools.tool
+def kills_its_worker() -> str:
+    """Kills the worker that runs it, at once (a model's ``pkill python``, the OOM killer)."""
+    import signal as _signal
+
+    os.kill(os.getppid(), _signal.SIGKILL)
+    time.sleep(300)  # sleep-ok: waits to be killed with its call
+    return "unreachable"
+
+
+def more_tools() -> andon.tools.ToolRegistry:
+    reg = registry()
+    for t in (exit_statuses, leaves_things, reason_probe, kills_its_worker):
         reg.add(t)
     return reg

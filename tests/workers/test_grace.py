@@ -180,11 +180,7 @@ async def test_benchmark_tree_stops_fast_and_the_daemon_stops_writing(
             elapsed = loop.time() - t
         assert outcome.ended_by == "interrupt"
         assert elapsed < 5.0  # generous; far below term_after (the benchmark measures it)
-        if mode == "pgroup":
-            # The escapee and the daemon left the group: reported, never claimed as stopped.
-            assert outcome.unreachable >= 2
-            assert "could not stop" in outcome.content
-            return
+        # In pgroup mode the escapee and the daemon left the group: their tag still names them.
         assert outcome.unreachable == 0
         assert outcome.strays_killed >= 45
         assert call_processes(executor, "c1-1-1") == []

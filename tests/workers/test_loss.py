@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from andon.base import AbortController, ErrorCode, User
-from andon.supervisor import ToolCallRequest
+from andon.supervisor import ToolExecutor, WorkerPool, WorkerPoolConfig
 from andon.testing import SHELL_SLEEP
 from tests.support import REPO, call_entry, leftovers, wait_all_exited
 from tests.workers.pytools import registry
@@ -90,17 +90,19 @@ async def test_garbage_sent_to_a_worker_gets_an_error_and_it_keeps_serving() -> 
 
 async def test_a_worker_that_sends_garbage_is_killed_and_replaced() -> None:
     broken: list[tuple[str, str]] = []
-    async with running_pool("subreaper", registry=registry()) as (pool, executor):
+    config = WorkerPoolConfig(size=1, containment="subreaper", worker_fault="garbage-after-started")
+    reg = registry()
+    async with WorkerPool(config, reg) as pool:
+        executor = ToolExecutor(pool, reg)
         pool.on_broken = lambda worker, reason: broken.append((worker, reason))
         (old_pid,) = pool.workers.values()
-        request = ToolCallRequest("c1-1-1", "send_garbage", "{}", os.getcwd())
-        outcome = await executor.execute(request, AbortController().signal)
+        outcome = await executor.execute(bash("c1-1-1", SHELL_SLEEP), AbortController().signal)
         assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
         assert "bad frame" in outcome.error.message
         assert len(broken) == 1 and "bad frame" in broken[0][1]
-        nxt = await executor.execute(bash("c1-1-2", "echo fresh"), AbortController().signal)
-        assert nxt.content.startswith("fresh\n")
         assert old_pid not in pool.workers.values()
+        # The call's processes went with the worker: found by the call's tag.
+        assert leftovers(call_entry(executor.identity, "c1-1-1")) == []
 
 
 async def test_cancel_for_a_finished_call_is_ignored() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Cause", "Disposed", "Hook", "Parent", "User", "cause_from_dict"]
+__all__ = ["Cause", "Disposed", "Hook", "Parent", "Timeout", "User", "cause_from_dict"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,22 @@ class Disposed:
         return "agent disposed"
 
 
-Cause = User | Parent | Hook | Disposed
+@dataclass(frozen=True, slots=True)
+class Timeout:
+    """A tool call's own timeout elapsed. Only a call's signal sees it (a Python tool's
+    ``signal.reason``); a turn is never cancelled with it."""
+
+    after: float
+    kind: ClassVar[str] = "timeout"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "after": self.after}
+
+    def describe(self) -> str:
+        return f"tool call timed out after {self.after:g}s"
+
+
+Cause = User | Parent | Hook | Disposed | Timeout
 
 
 def cause_from_dict(data: object) -> Cause:
@@ -85,5 +100,10 @@ def cause_from_dict(data: object) -> Cause:
             if not isinstance(reason, str):
                 raise ValueError("a hook cause needs a string 'reason'")
             return Hook(reason)
+        case "timeout":
+            after = data.get("after")
+            if isinstance(after, bool) or not isinstance(after, int | float):
+                raise ValueError("a timeout cause needs a number 'after'")
+            return Timeout(float(after))
         case _:
             raise ValueError(f"unknown cancel cause kind {kind!r}")

@@ -28,6 +28,7 @@ the stat file directly measured about five times faster than psutil's per-proces
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import select
@@ -61,6 +62,7 @@ __all__ = [
     "signal_key",
     "signal_tagged",
     "snapshot",
+    "stamp_tag",
     "stat",
     "tag_entry",
     "tagged",
@@ -119,6 +121,24 @@ class ProcInfo:
 
 def stat(pid: int) -> ProcInfo | None:
     """The process's current stat line, or None if it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        return ProcInfo(
+            pid=pid,
+            state=fields[0].decode(),
+            ppid=int(fields[1]),
+            pgid=int(fields[2]),
+            sid=int(fields[3]),
+            start=int(fields[19]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 first)."""
     # os.open/os.read rather than open(): a sweep reads every process, and the file-object
     # machinery costs several times the system calls themselves.
     try:
@@ -135,18 +155,43 @@ def stat(pid: int) -> ProcInfo | None:
     close = raw.rfind(b")")
     if close < 0:
         return None
-    fields = raw[close + 2 :].split()
+    return raw[close + 2 :].split()
+
+
+TAG_SLOT = "." * 160
+"""The value ``ANDON_CALL_TAG`` has in the environment a worker's forkserver is started with: room
+that :func:`stamp_tag` overwrites in a forked call process."""
+
+
+def stamp_tag(tag: str) -> bool:
+    """Make this process (and every fork of it) carry ``tag`` in ``/proc/self/environ``.
+
+    A forked Python call process has no exec of its own: what ``/proc`` shows as its environment
+    is the block its ancestor was exec'd with, whatever ``os.environ`` says. The forkserver is
+    exec'd with ``ANDON_CALL_TAG=<TAG_SLOT>``, so the block holds a slot; the tag is written into
+    that memory in place (as setproctitle does for argv). False, changing nothing, when there is
+    no slot (a worker not started by a pool) or the tag does not fit.
+    """
+    fields = _stat_fields(os.getpid())
     try:
-        return ProcInfo(
-            pid=pid,
-            state=fields[0].decode(),
-            ppid=int(fields[1]),
-            pgid=int(fields[2]),
-            sid=int(fields[3]),
-            start=int(fields[19]),
-        )
-    except (IndexError, ValueError):
-        return None
+        with open("/proc/self/environ", "rb") as f:
+            block = f.read()
+        start = int(fields[47]) if fields is not None else 0  # field 50: env_start
+    except (OSError, IndexError, ValueError):
+        return False
+    slot = f"{TAG_VAR}={TAG_SLOT}".encode()
+    entry = tag_entry(tag)
+    if block.startswith(slot + b"\0"):
+        at = 0
+    else:
+        found = block.find(b"\0" + slot + b"\0")
+        if found < 0:
+            return False
+        at = found + 1
+    if start == 0 or len(entry) > len(slot):
+        return False
+    ctypes.memmove(start + at, entry + b"\0" * (len(slot) - len(entry)), len(slot))
+    return True
 
 
 def own_key() -> ProcessKey:
@@ -199,13 +244,43 @@ def carries(pid: int, entry: bytes) -> bool:
 def tagged(
     entry: bytes, exclude: Iterable[int] = (), procs: Iterable[ProcInfo] | None = None
 ) -> list[ProcInfo]:
-    """Live processes whose environment holds ``entry``."""
+    """Live processes whose environment holds ``entry``.
+
+    A scan of /proc is not atomic: a tagged process that forks after the listing and exits
+    before it is read takes its child out of the scan. Scanning by itself (no ``procs``), this
+    scans again while a pid was handed out during the scan (the kernel's last pid moved), a few
+    times at most, and returns the union.
+    """
     skip = set(exclude)
-    return [
-        p
-        for p in (snapshot() if procs is None else procs)
-        if p.pid not in skip and not p.zombie and carries(p.pid, entry)
-    ]
+
+    def scan(candidates: Iterable[ProcInfo]) -> dict[int, ProcInfo]:
+        return {
+            p.pid: p
+            for p in candidates
+            if p.pid not in skip and not p.zombie and carries(p.pid, entry)
+        }
+
+    if procs is not None:
+        return list(scan(procs).values())
+    found: dict[int, ProcInfo] = {}
+    for _ in range(_SCAN_PASSES):
+        before = _last_pid()
+        found.update(scan(snapshot()))
+        if before is None or _last_pid() == before:
+            break
+    return list(found.values())
+
+
+_SCAN_PASSES = 5
+
+
+def _last_pid() -> int | None:
+    """The pid the kernel handed out last in this pid namespace (None where unreadable)."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 # -- signalling ------------------------------------------------------------------------------

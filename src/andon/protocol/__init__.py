@@ -17,7 +17,9 @@ from andon.protocol._framing import (
     send_routed_sync,
 )
 from andon.protocol._messages import (
+    OUTPUT_WINDOW,
     PROTOCOL_VERSION,
+    Ack,
     Cancel,
     CancelStage,
     Containment,
@@ -44,7 +46,9 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "MAX_JSON_DEPTH",
     "MESSAGE_TYPES",
+    "OUTPUT_WINDOW",
     "PROTOCOL_VERSION",
+    "Ack",
     "Cancel",
     "CancelStage",
     "Containment",

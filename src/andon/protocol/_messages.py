@@ -14,6 +14,7 @@ Direction and purpose, in the order of a call's life::
     supervisor -> worker   Run          run one tool call
     worker -> supervisor   Started      the call's process (group, cgroup) exists
     worker -> supervisor   Output       a chunk of the call's output
+    supervisor -> worker   Ack          output consumed up to an offset (the worker's read window)
     supervisor -> worker   Cancel       send one stage of the grace timeline
     worker -> supervisor   Signalled    a stage (or sweep) was sent to n live processes
     worker -> supervisor   Result       the call is over and nothing it started is left
@@ -24,13 +25,16 @@ Direction and purpose, in the order of a call's life::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
 from andon.base import ErrorCode, GracePolicy
 
 __all__ = [
+    "OUTPUT_WINDOW",
     "PROTOCOL_VERSION",
+    "Ack",
     "Cancel",
     "CancelStage",
     "Containment",
@@ -53,7 +57,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The ``v`` of every header. A peer speaking another version is broken, not negotiated with."""
 
 # Closed sets of the wire. They are Literals rather than StrEnums because they travel as plain
@@ -81,6 +85,7 @@ MessageType = Literal[
     "run",
     "started",
     "output",
+    "ack",
     "cancel",
     "signalled",
     "result",
@@ -193,6 +198,23 @@ class Output:
     """Byte offset of ``data`` within this stream's output, so a gap or repeat is detectable."""
 
 
+OUTPUT_WINDOW: Final = 4 * 1024 * 1024
+"""The most output bytes a worker sends ahead of the supervisor's last ``ack``. Beyond it the worker
+stops reading the tool's pipe, and the tool blocks on a full pipe: memory stays bounded on both
+sides (about this much each) whatever the tool writes, and output flows at the pace the supervisor
+spills it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """Supervisor -> worker: the call's output up to ``offset`` has been consumed (spilled)."""
+
+    type: ClassVar[Literal["ack"]] = "ack"
+
+    call_id: str
+    offset: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
     """Supervisor -> worker: send one stage. The executor owns the timeline; idempotent."""
@@ -201,6 +223,12 @@ class Cancel:
 
     call_id: str
     stage: CancelStage
+    cause: dict[str, Any] | None = None
+    """Why the call is being stopped (a cause's ``to_dict()``): a Python tool's signal aborts with
+    it, so the tool sees the real reason (a turn budget's hook, a timeout, the user)."""
+    kill_in: float = math.inf
+    """Seconds from this cancel to the KILL stage on the supervisor's timeline: the worker's sweep
+    never waits past it, and keeps no timeline of its own."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,6 +307,7 @@ Message = (
     | Run
     | Started
     | Output
+    | Ack
     | Cancel
     | Signalled
     | Result
@@ -295,6 +324,7 @@ MESSAGE_CLASSES: Final[tuple[type[Message], ...]] = (
     Run,
     Started,
     Output,
+    Ack,
     Cancel,
     Signalled,
     Result,

@@ -3,9 +3,10 @@
 The executor holds the clock. When a started call must stop (its turn's signal aborted, or its own
 timeout elapsed) it sends the worker the stages of the timeline — interrupt at once, term at
 ``term_after``, kill at ``term_after + kill_after`` — and keeps waiting for the real result: it
-drains, it never abandons. A Python tool runs inside its worker, which cannot escalate against
-itself, so for those the executor signals the worker's process group directly and writes the
-result itself (a worker ended on purpose is never ``WORKER_LOST``).
+drains, it never abandons. A Python tool runs in a call process of its own (forked by the worker),
+so its stages travel like a shell call's: the worker signals the call's process group, and the
+worker itself is never signalled on purpose. Each ``cancel`` carries the cause (a Python tool's
+signal aborts with it) and how far off KILL is, so the worker keeps no timeline of its own.
 
 Everything that can happen to a call arrives on one queue (worker messages, the abort, ``force``,
 timer ticks), so the timeline is a single sequential loop with no races between its branches.
@@ -16,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
-import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +30,13 @@ from andon.base import (
     ErrorCode,
     GracePolicy,
     SystemClock,
+    Timeout,
     call_tag,
     executor_id,
 )
 from andon.protocol import (
+    OUTPUT_WINDOW,
+    Ack,
     Cancel,
     CancelStage,
     ErrorInfo,
@@ -47,6 +49,7 @@ from andon.protocol import (
 )
 from andon.supervisor._outcome import StageMark, ToolOutcome, format_output, not_run, status_line
 from andon.supervisor._pool import WorkerGone, WorkerLease, WorkerPool
+from andon.supervisor._spill import DEFAULT_SPILL_CAP, Spill
 from andon.workers import ArgumentError, Tool, ToolRegistry, validate_arguments
 
 __all__ = ["ExecutionObserver", "ToolCallRequest", "ToolExecutor", "aborted_before_dispatch"]
@@ -119,8 +122,10 @@ class ToolExecutor:
         env_remove: tuple[str, ...] = (),
         kill_ack_timeout: float = 10.0,
         identity: str | None = None,
+        spill_cap: int = DEFAULT_SPILL_CAP,
     ) -> None:
         self.pool = pool
+        self.spill_cap = spill_cap
         # Who owns the calls this executor starts: with the call id it makes each call's tag, the
         # mark that every process of the call carries and that the stop paths and crash repair
         # find it by. A session passes its id (repair derives the tag from the log); otherwise a
@@ -245,8 +250,13 @@ class _RunningCall:
         self.lost_reason: str | None = None
         self.result_received = False
         self.started: Started | None = None
-        self.spill = _Spill(
-            executor.session_dir, request.call_id, executor.head_bytes + executor.tail_bytes
+        self.consumed = 0  # output bytes spilled so far
+        self.acked = 0  # what the worker was last told of it
+        self.spill = Spill(
+            executor.session_dir,
+            request.call_id,
+            executor.head_bytes + executor.tail_bytes,
+            executor.spill_cap,
         )
         self._timer: asyncio.Task[None] | None = None
 
@@ -299,6 +309,11 @@ class _RunningCall:
             case Output():
                 self.spill.add(item.data)
                 self.observer.on_output(item.call_id, item.data)
+                # Consumed: move the worker's window on (a quarter at a time, not per chunk).
+                self.consumed = item.offset + len(item.data)
+                if self.consumed - self.acked >= OUTPUT_WINDOW // 4:
+                    self.acked = self.consumed
+                    await self.lease.send(Ack(call_id=self.request.call_id, offset=self.acked))
             case Signalled():
                 self.observer.on_signal(item.call_id, item.stage, item.at, item.targets)
             case Result():
@@ -366,15 +381,20 @@ class _RunningCall:
         self.marks.append(StageMark(stage, now - self.stop_t))
         if stage == "kill":
             self.kill_sent_at = now
-        if self.python and stage != "interrupt":
-            # The worker runs the tool in its own process: signal the worker's group.
-            sig = _signal.SIGTERM if stage == "term" else _signal.SIGKILL
-            targets = self.lease.signal_worker(sig)
-            self.observer.on_signal(self.request.call_id, stage, now - self.t0, targets)
-            return
-        await self.lease.send(Cancel(call_id=self.request.call_id, stage=stage))
-        if self.python:
-            self.observer.on_signal(self.request.call_id, stage, now - self.t0, 1)
+        await self.lease.send(
+            Cancel(
+                call_id=self.request.call_id,
+                stage=stage,
+                cause=self._wire_cause(),
+                kill_in=max(0.0, self.stop_t + self.grace.kill_at - now),
+            )
+        )
+
+    def _wire_cause(self) -> dict[str, Any] | None:
+        """What a Python tool's signal aborts with: the turn's cause, or its own timeout."""
+        if self.stop_reason == "timeout" and self.timeout is not None:
+            return Timeout(self.timeout).to_dict()
+        return self.stop_cause.to_dict() if self.stop_cause is not None else None
 
     def _schedule(self) -> None:
         """Arm one timer for the next deadline on the clock."""
@@ -425,6 +445,13 @@ class _RunningCall:
 
     def _from_result(self, result: Result) -> ToolOutcome:
         duration = self.clock.monotonic() - self.t0
+        if (
+            result.ended_by == "not-run"
+            and result.error is not None
+            and result.error.code is ErrorCode.ABORTED_BEFORE_DISPATCH
+        ):
+            # The cancel reached the worker before the spawn: the tool never started.
+            return aborted_before_dispatch(self.request.call_id)
         stopped = self.stop_reason is not None and result.ended_by != "exit"
         error = result.error
         if stopped:
@@ -466,6 +493,8 @@ class _RunningCall:
                     f"\n[andon stopped {result.strays_killed} background "
                     f"process{'es' if result.strays_killed != 1 else ''} this command left running]"
                 )
+            if self.spill.note():
+                parts.append("\n" + self.spill.note())
             if result.unreachable:
                 parts.append(
                     f"\n[andon could not stop {result.unreachable} process"
@@ -511,23 +540,8 @@ class _RunningCall:
         output = format_output(self.spill.head(), b"", self.spill.total, self.spill.relpath)
         if output and not output.endswith("\n"):
             output += "\n"
-        if gone.on_purpose and self.lost_reason is None and self.stop_reason is not None:
-            # A Python tool that did not stop cooperatively: we ended its worker on purpose.
-            stage = _STAGES[self.next_stage - 1]
-            return ToolOutcome(
-                call_id=self.request.call_id,
-                content=output
-                + "Error: tool call stopped\n"
-                + self._status(None, None, python=True),
-                is_error=True,
-                ended_by=self._ended_by(stage),
-                duration=duration,
-                error=self._stop_error(),
-                output_bytes=self.spill.total,
-                output_file=self.spill.relpath,
-                started=self.started,
-                stages=tuple(self.marks),
-            )
+        if self.spill.note():
+            output += self.spill.note() + "\n"
         reason = self.lost_reason or gone.reason
         message = f"worker lost: {reason}; andon killed the call's processes"
         return ToolOutcome(
@@ -542,42 +556,3 @@ class _RunningCall:
             started=self.started,
             stages=tuple(self.marks),
         )
-
-
-class _Spill:
-    """The full output of a call. Small output stays in memory; once it outgrows what the
-    content shows, it goes to ``tool-output/<call_id>.log`` (0600) in the session folder."""
-
-    def __init__(self, session_dir: Path | None, call_id: str, threshold: int) -> None:
-        self.session_dir = session_dir
-        self.call_id = call_id
-        self.threshold = threshold
-        self.buffer = bytearray()
-        self.total = 0
-        self.fd: int | None = None
-        self.relpath: str | None = None
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        if self.fd is not None:
-            os.write(self.fd, data)
-            return
-        self.buffer += data
-        if len(self.buffer) <= self.threshold:
-            return
-        if self.session_dir is not None:
-            folder = self.session_dir / "tool-output"
-            folder.mkdir(mode=0o700, exist_ok=True)
-            path = folder / f"{self.call_id}.log"
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            os.write(self.fd, bytes(self.buffer))
-            self.relpath = f"tool-output/{self.call_id}.log"
-        del self.buffer[self.threshold :]  # keep only a head in memory
-
-    def head(self) -> bytes:
-        return bytes(self.buffer)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None

@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import multiprocess
 import multiprocess.context
@@ -58,6 +58,8 @@ class WorkerPoolConfig:
     heartbeat_interval: float = 1.0  # remote workers only; local liveness comes from pidfds
     max_message_bytes: int = 16 * 1024 * 1024
     runtime_dir: str | None = None  # parent of the private 0700 folder; default XDG/tmp
+    # Tests only: make every worker break the protocol on purpose (see WorkerOptions.fault).
+    worker_fault: Literal["garbage-after-started"] | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -83,7 +85,6 @@ class _Worker:
     pidfd: int | None = None
     handle: procs.Pidfd | None = None  # the same pidfd, verified: reaches the worker's group
     lease: WorkerLease | None = None
-    signalled: bool = False  # andon signalled it: it never serves another call
     killed_on_purpose: bool = False
     kill_reason: str | None = None
     dead: bool = False
@@ -114,17 +115,6 @@ class WorkerLease:
 
     async def send(self, msg: Message) -> None:
         await self._pool._send(self._worker, msg)
-
-    def signal_worker(self, sig: int) -> int:
-        """Signal the worker's own process group (a Python tool runs inside it); return how
-        many processes were reached. A signalled worker is retired when its lease ends."""
-        worker = self._worker
-        if worker.dead or worker.handle is None:
-            return 0
-        # Any signal andon sends a worker is meant to end it: its death is then not a loss.
-        worker.killed_on_purpose = True
-        worker.signalled = True
-        return procs.signal_group(worker.handle, sig)
 
     def kill(self, reason: str) -> None:
         """Kill the worker and whatever its call started (broken means dead)."""
@@ -273,10 +263,11 @@ class WorkerPool:
             worker.lease = None
             if worker.dead or self._closing:
                 return
-            if worker.signalled or self._exited(worker):
-                # Signalled by andon (or dying): it would fail the next, unrelated call. Retire
-                # it; its exit (pidfd) starts a replacement.
-                self._kill(worker, "retired after andon signalled it")
+            if self._exited(worker):
+                # Dying: it would fail the next, unrelated call. Retire it; its exit (pidfd)
+                # starts a replacement. (andon never signals a healthy worker: a call's stages
+                # go to the call's own process group.)
+                self._kill(worker, "retired: it is exiting")
                 return
             self._idle.append(worker)
             self._idle_changed.set()
@@ -306,10 +297,12 @@ class WorkerPool:
             log_path=str(self._runtime / f"{worker_id}.log"),
             cgroup_base=str(self._cgroups.base) if self._cgroups is not None else None,
             max_message_bytes=self.config.max_message_bytes,
+            fault=self.config.worker_fault,
         )
         process = _WorkerProcess(
             target=worker_main, args=(options,), name=f"andon-worker-{worker_id}", daemon=True
         )
+        _ensure_forkserver()
         process.start()
         worker = _Worker(worker_id=worker_id, process=process, pid=process.pid)
         self._workers[worker_id] = worker
@@ -377,6 +370,10 @@ class WorkerPool:
             return
         started = lease.started
         cgroup = Path(started.cgroup) if started is not None and started.cgroup else None
+        if cgroup is None and self._cgroups is not None:
+            # Lost before its ``started`` arrived: the leaf's name is known from the tag alone
+            # (the worker names it so), and this pool's own tree is the only place it can be.
+            cgroup = self._cgroups.base / f"call-{lease.tag}"
         owned = cgroup is not None and self._cgroups is not None and self._cgroups.owns(cgroup)
         leader = (
             procs.ProcessKey.from_create_time(started.pid, started.create_time)
@@ -463,8 +460,10 @@ class WorkerPool:
                 if worker is not None:
                     self._kill(worker, f"sent a bad frame: {e}")
                 continue
-            if worker is None or worker.dead:
-                continue  # a stranger or a worker already written off
+            if worker is None or worker.dead or worker.kill_reason is not None:
+                # A stranger, or a worker already written off: once andon decided to kill a
+                # worker, nothing more it says is believed (its call gets WORKER_LOST).
+                continue
             self._dispatch(worker, msg)
 
     def _dispatch(self, worker: _Worker, msg: Message) -> None:
@@ -542,6 +541,27 @@ class _WorkerProcess(multiprocess.context.ForkServerProcess):  # type: ignore[mi
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
         return _WorkerPopen(process_obj)
+
+
+def _ensure_forkserver() -> None:
+    """Start the forkserver, if it is not running, with ``ANDON_CALL_TAG`` holding a slot.
+
+    Workers and their Python call processes are forks of it, never exec'd: the environment
+    ``/proc`` shows for them is the forkserver's. The slot is the room a call process writes its
+    call's tag into (:func:`andon.base.procs.stamp_tag`), so it carries the tag like every
+    process a shell call starts.
+    """
+    from multiprocess import forkserver
+
+    saved = os.environ.get(procs.TAG_VAR)
+    os.environ[procs.TAG_VAR] = procs.TAG_SLOT
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            os.environ.pop(procs.TAG_VAR, None)
+        else:
+            os.environ[procs.TAG_VAR] = saved
 
 
 class _ForkserverUsers:

@@ -1,8 +1,13 @@
 """Running one tool call inside a worker, and stopping it.
 
-A shell call runs ``bash -c`` in a new session (its own process group), optionally inside a
-per-call cgroup. The supervisor's executor owns the grace timeline and sends the stages; this
-module applies them with :class:`CallProcesses`, the one signalling function.
+A shell call runs ``bash -c`` in a new session (its own process group); a Python call runs in a
+call process forked from the worker, in its own process group (``_pycall``). Either is inside the
+call's cgroup where there is one. The supervisor's executor owns the grace timeline and sends the
+stages; this module applies them with :class:`CallProcesses`, the one signalling function.
+
+**A cancel is never lost.** One that arrives before the call's process exists (the call is still
+being validated, or is about to spawn) is kept, and the spawn does not happen: the result says the
+call never started. From the spawn on, every stage reaches the process group at once.
 
 **When the group leader exits, the call is over.** Whatever remains is swept at once: SIGTERM,
 then SIGKILL after ``min(kill_after, time left to the timeline's KILL stage)``, ending the moment
@@ -14,19 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import math
 import os
 import signal as _signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from andon.base import AbortController, Aborted, ErrorCode, User
+from andon.base import Cause, ErrorCode, User, cause_from_dict
 from andon.base import procs as _procs
 from andon.protocol import (
+    OUTPUT_WINDOW,
+    Cancel,
     CancelStage,
     EndedBy,
     ErrorInfo,
@@ -41,15 +48,21 @@ from andon.protocol import (
 from andon.workers._containment import CgroupTree, ContainmentMode
 from andon.workers._group import CallProcesses
 from andon.workers._output import HeadTail
-from andon.workers._reaper import Reaper
+from andon.workers._pycall import CallProcess, Outcome
+from andon.workers._pycall import spawn as spawn_call_process
+from andon.workers._reaper import ExitStatus, Reaper
 from andon.workers._registry import ArgumentError, Tool, ToolRegistry, validate_arguments
 
 __all__ = ["CallContext", "internal_error_result", "kill_everything", "run_call"]
 
-_READ_CHUNK = 64 * 1024
+_READ_CHUNK = 1024 * 1024
+_PIPE_SIZE = 1024 * 1024
 TAG_VAR = _procs.TAG_VAR
 
 Send = Callable[[Message], Coroutine[Any, Any, None]]
+
+
+_STAGE_ORDER: dict[CancelStage, int] = {"interrupt": 0, "term": 1, "kill": 2}
 
 
 class CallContext:
@@ -74,31 +87,60 @@ class CallContext:
         self.worker_cgroup = worker_cgroup
         self.send = send
         self.started_at = time.monotonic()
-        self.stop_started_at: float | None = None
         self.last_stage: CancelStage | None = None
+        # A stage that arrived before the call's process existed: the spawn then never happens.
+        self.requested: CancelStage | None = None
+        self.cause: Cause | None = None
+        # When the supervisor's timeline sends KILL (each cancel says how far off it is); the
+        # sweep never waits past it. None: no stop under way, the sweep uses ``kill_after``.
+        self.kill_deadline: float | None = None
         self.procs: CallProcesses | None = None
-        self.controller = AbortController()  # a Python tool's signal
+        self.call_process: CallProcess | None = None
         self._pending: list[Signalled] = []
+        # Output flow control: bytes the supervisor has consumed, and how to resume reading.
+        self.acked = 0
+        self.on_ack: Callable[[], None] | None = None
+
+    def ack(self, offset: int) -> None:
+        """The supervisor consumed the output up to ``offset``: the window moves on."""
+        if offset > self.acked:
+            self.acked = offset
+            if self.on_ack is not None:
+                self.on_ack()
 
     # -- cancel ------------------------------------------------------------------------------
 
-    def cancel(self, stage: CancelStage) -> None:
+    def cancel(self, msg: Cancel | CancelStage) -> None:
         """Apply one stage of the grace timeline (synchronously; reports are sent after)."""
-        if self.stop_started_at is None:
-            self.stop_started_at = time.monotonic()
-        tool = self.registry.get(self.run.tool)
-        if tool is not None and tool.kind == "python":
-            # Cooperative stop of a Python tool; SIGTERM/SIGKILL of the worker itself is the
-            # supervisor's job (a worker cannot escalate against itself).
-            self.controller.abort(User())
+        if isinstance(msg, str):
+            msg = Cancel(
+                call_id=self.run.call_id, stage=msg, kill_in=0.0 if msg == "kill" else math.inf
+            )
+        stage = msg.stage
+        now = time.monotonic()
+        if math.isfinite(msg.kill_in):
+            deadline = now + max(0.0, msg.kill_in)
+            self.kill_deadline = min(self.kill_deadline or deadline, deadline)
+        if self.cause is None:
+            self.cause = _cause_of(msg)
+        if self.procs is None:
+            # Not spawned yet (being validated, or waiting for its task to run): remember the
+            # strongest stage; the spawn checks it and does not start the tool.
+            if self.requested is None or _STAGE_ORDER[stage] > _STAGE_ORDER[self.requested]:
+                self.requested = stage
+            return
+        if self.call_process is not None and stage == "interrupt":
+            # A Python tool's cooperative stop: its signal aborts, with the real cause.
+            delivered = self.call_process.cancel(self.cause or User())
+            self._report(stage, 1 if delivered else 0)
             if self.last_stage is None:
                 self.last_stage = stage
             return
         # Once the leader is reaped the call is over and its sweep stops what is left; only a
         # KILL (force) still acts at once. ``pinned`` (not "the wait has returned") is the test:
         # the reaper may have reaped the leader a moment before this cancel arrived.
-        if self.procs is None or not self.procs.pinned:
-            if stage == "kill" and self.procs is not None:
+        if not self.procs.pinned:
+            if stage == "kill":
                 self._signal("kill", _signal.SIGKILL, group_only=False)
             return
         if stage == "interrupt":
@@ -109,15 +151,19 @@ class CallContext:
             self._signal(stage, _signal.SIGTERM, group_only=True)
         else:
             self._signal(stage, _signal.SIGKILL, group_only=False)
-        self.last_stage = stage
+        if self.last_stage is None or _STAGE_ORDER[stage] > _STAGE_ORDER[self.last_stage]:
+            self.last_stage = stage
 
     def _signal(self, stage: SignalStage, sig: int, *, group_only: bool) -> int:
         assert self.procs is not None
         targets = len(self.procs.stop(sig, group_only=group_only))
+        self._report(stage, targets)
+        return targets
+
+    def _report(self, stage: SignalStage, targets: int) -> None:
         self._pending.append(
             Signalled(call_id=self.run.call_id, stage=stage, at=self.elapsed(), targets=targets)
         )
-        return targets
 
     async def flush_reports(self) -> None:
         pending, self._pending = self._pending, []
@@ -130,11 +176,24 @@ class CallContext:
     def sweep_delay(self) -> float:
         """How long the sweep waits between SIGTERM and SIGKILL."""
         kill_after = self.run.grace.kill_after
-        if self.stop_started_at is None:
+        if self.kill_deadline is None:
             return kill_after
-        kill_deadline = self.stop_started_at + self.run.grace.kill_at
-        left = kill_deadline - time.monotonic()
-        return max(0.0, min(kill_after, left)) if math.isfinite(left) else kill_after
+        return max(0.0, min(kill_after, self.kill_deadline - time.monotonic()))
+
+    def call_cgroup(self) -> Path | None:
+        """Create the call's cgroup leaf (cgroup mode), named after its unique tag."""
+        if self.mode == "cgroup" and self.cgroups is not None:
+            return self.cgroups.leaf(f"call-{self.run.tag}")
+        return None
+
+
+def _cause_of(msg: Cancel) -> Cause | None:
+    if msg.cause is None:
+        return None
+    try:
+        return cause_from_dict(msg.cause)
+    except ValueError:
+        return None  # the supervisor wrote it; an unknown cause still stops the call
 
 
 async def run_call(ctx: CallContext) -> Result:
@@ -146,13 +205,26 @@ async def run_call(ctx: CallContext) -> Result:
         arguments = validate_arguments(tool.parameters, ctx.run.arguments)
     except ArgumentError as e:
         return _not_run(ctx, ErrorCode.INVALID_ARGUMENTS, f"invalid arguments: {e}")
+    if ctx.requested is not None:
+        # Checked right before the spawn, with no await in between: a cancel that arrived
+        # before this line stops the call here; one after it finds the process group.
+        return _not_run(
+            ctx, ErrorCode.ABORTED_BEFORE_DISPATCH, "tool call aborted before it started"
+        )
     if tool.kind == "shell":
         return await _run_shell(ctx, arguments)
     return await _run_python(ctx, tool, arguments)
 
 
+_NOT_RUN_NAMES = {
+    ErrorCode.UNKNOWN_TOOL: "UnknownTool",
+    ErrorCode.INVALID_ARGUMENTS: "InvalidArguments",
+    ErrorCode.ABORTED_BEFORE_DISPATCH: "Aborted",
+    ErrorCode.TOOL_ERROR: "ToolError",
+}
+
+
 def _not_run(ctx: CallContext, code: ErrorCode, message: str) -> Result:
-    name = "UnknownTool" if code is ErrorCode.UNKNOWN_TOOL else "InvalidArguments"
     return Result(
         call_id=ctx.run.call_id,
         exit_code=None,
@@ -163,7 +235,7 @@ def _not_run(ctx: CallContext, code: ErrorCode, message: str) -> Result:
         output_tail=b"",
         output_bytes=0,
         duration=ctx.elapsed(),
-        error=ErrorInfo(name=name, code=code, message=message),
+        error=ErrorInfo(name=_NOT_RUN_NAMES.get(code, "ToolError"), code=code, message=message),
     )
 
 
@@ -191,54 +263,32 @@ def tool_environment(run: Run) -> dict[str, str]:
     return env
 
 
-async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
+def _entering(
+    ctx: CallContext, call_cgroup: Path | None
+) -> tuple[Callable[[], None] | None, Callable[[], None] | None]:
+    """Move the worker into the call's cgroup around a spawn, and back, so the tool is inside
+    from its first instruction (no preexec_fn, no race with its first forks)."""
+    if call_cgroup is None:
+        return None, None
+    back = ctx.worker_cgroup
+
+    def enter() -> None:
+        CgroupTree.enter(call_cgroup)
+
+    def leave() -> None:
+        if back is not None:
+            CgroupTree.enter(back)
+
+    return enter, leave
+
+
+def _spawn_failed(ctx: CallContext, message: str) -> Result:
+    return _not_run(ctx, ErrorCode.TOOL_ERROR, message)
+
+
+async def _announce(ctx: CallContext, pid: int, call_cgroup: Path | None) -> None:
+    """The call's process exists: hold it, and tell the supervisor what to stop if we vanish."""
     run = ctx.run
-    command = str(arguments["command"])
-    cwd = os.path.join(run.cwd, str(arguments.get("cwd") or "."))
-    env = tool_environment(run)
-    output = HeadTail(run.output_head_bytes, run.output_tail_bytes)
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-    call_cgroup: Path | None = None
-    try:
-        if ctx.mode == "cgroup" and ctx.cgroups is not None:
-            call_cgroup = ctx.cgroups.leaf(f"call-{run.tag}")
-            # Enter the call's cgroup *before* spawning, so the tool is inside from its first
-            # instruction (no preexec_fn, no race with its first forks), then step back out.
-            CgroupTree.enter(call_cgroup)
-        try:
-            popen = subprocess.Popen(
-                ["bash", "-c", command],
-                stdin=subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=write_fd,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            if call_cgroup is not None and ctx.worker_cgroup is not None:
-                CgroupTree.enter(ctx.worker_cgroup)
-    except OSError as e:
-        os.close(read_fd)
-        os.close(write_fd)
-        message = f"could not start bash: {e.strerror or e}"
-        if e.errno == errno.ENOENT and not os.path.isdir(cwd):
-            message = f"working directory {cwd} does not exist"
-        return Result(
-            call_id=run.call_id,
-            exit_code=None,
-            exit_signal=None,
-            ended_by="not-run",
-            content=f"Error: {message}",
-            output_head=b"",
-            output_tail=b"",
-            output_bytes=0,
-            duration=ctx.elapsed(),
-            error=ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message),
-        )
-    os.close(write_fd)
-    pid = popen.pid
     ctx.reaper.watch(pid)
     ctx.procs = CallProcesses(
         mode=ctx.mode,
@@ -260,15 +310,69 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
             cgroup=str(call_cgroup) if call_cgroup is not None else None,
         )
     )
+
+
+async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
+    run = ctx.run
+    command = str(arguments["command"])
+    cwd = os.path.join(run.cwd, str(arguments.get("cwd") or "."))
+    env = tool_environment(run)
+    output = HeadTail(run.output_head_bytes, run.output_tail_bytes)
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    call_cgroup: Path | None = None
+    try:
+        call_cgroup = ctx.call_cgroup()
+        enter, leave = _entering(ctx, call_cgroup)
+        if enter is not None:
+            enter()
+        try:
+            popen = subprocess.Popen(
+                ["bash", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            if leave is not None:
+                leave()
+    except OSError as e:
+        os.close(read_fd)
+        os.close(write_fd)
+        if call_cgroup is not None:
+            CgroupTree.remove(call_cgroup)
+        message = f"could not start bash: {e.strerror or e}"
+        if e.errno == errno.ENOENT and not os.path.isdir(cwd):
+            message = f"working directory {cwd} does not exist"
+        return _spawn_failed(ctx, message)
+    os.close(write_fd)
+    # A bigger pipe means fewer, larger output messages (each costs a trip through both event
+    # loops): 64 KiB pipes capped a flood at ~110 MB/s. Best effort: the limit is the system's.
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(read_fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    pid = popen.pid
+    await _announce(ctx, pid, call_cgroup)
     loop = asyncio.get_running_loop()
     os.set_blocking(read_fd, False)
     pending_sends: list[asyncio.Task[None]] = []
     eof = False
+    paused = False
 
-    def pump() -> bool:
-        """Read what is there; return False at EOF."""
-        nonlocal eof
+    def pump(*, drain: bool = False) -> bool:
+        """Read what is there, up to the window the supervisor allows (all of it once the
+        writers are gone: the pipe holds at most its own size); return False at EOF."""
+        nonlocal eof, paused
         while True:
+            if not drain and output.total - ctx.acked >= OUTPUT_WINDOW:
+                # Back-pressure: stop reading until the supervisor catches up; the tool blocks
+                # on its full pipe meanwhile.
+                if not paused:
+                    loop.remove_reader(read_fd)
+                    paused = True
+                return True
             try:
                 data = os.read(read_fd, _READ_CHUNK)
             except BlockingIOError:
@@ -284,16 +388,21 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
             msg = Output(call_id=run.call_id, stream="stdout", data=data, offset=offset)
             pending_sends.append(loop.create_task(ctx.send(msg)))
 
+    def resume() -> None:
+        nonlocal paused
+        if paused and not eof and output.total - ctx.acked < OUTPUT_WINDOW:
+            paused = False
+            loop.add_reader(read_fd, pump)
+
+    ctx.on_ack = resume
     loop.add_reader(read_fd, pump)
     try:
-        status = await ctx.reaper.wait(pid)
+        status, ended_by, strays, unreachable = await _wait_and_sweep(ctx, pid)
         popen.returncode = status.code if status.code is not None else -(status.signal or 0)
-        ended_by: EndedBy = ctx.last_stage or "exit"
-        strays = await _sweep(ctx)
         if not eof:
-            pump()  # the writers are gone: take what is left in the pipe, without waiting
-        unreachable = len(ctx.procs.unreachable()) if ctx.mode == "pgroup" else 0
+            pump(drain=True)  # the writers are gone: take what is left, without waiting
     finally:
+        ctx.on_ack = None
         with contextlib.suppress(ValueError, OSError):
             loop.remove_reader(read_fd)
         os.close(read_fd)
@@ -315,6 +424,17 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
         strays_killed=strays,
         unreachable=unreachable,
     )
+
+
+async def _wait_and_sweep(ctx: CallContext, pid: int) -> tuple[ExitStatus, EndedBy, int, int]:
+    """Wait for the leader's exit, then sweep what the call left: (status, ended_by, strays,
+    unreachable)."""
+    assert ctx.procs is not None
+    status = await ctx.reaper.wait(pid)
+    ended_by: EndedBy = ctx.last_stage or "exit"
+    strays = await _sweep(ctx)
+    unreachable = len(ctx.procs.unreachable()) if ctx.mode == "pgroup" else 0
+    return status, ended_by, strays, unreachable
 
 
 async def _sweep(ctx: CallContext) -> int:
@@ -350,84 +470,59 @@ async def _sweep(ctx: CallContext) -> int:
 
 async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -> Result:
     run = ctx.run
-    assert tool.fn is not None
-    kwargs = dict(arguments)
-    if tool.takes_signal:
-        kwargs["signal"] = ctx.controller.signal
-    error: ErrorInfo | None = None
-    content = ""
-    ended_by: EndedBy = "exit"
-    await ctx.send(
-        Started(
-            call_id=run.call_id,
-            pid=os.getpid(),
-            pgid=os.getpgid(0),
-            create_time=_procs.own_key().create_time,
-            containment=ctx.mode,
-        )
-    )
-    os.chdir(run.cwd)
-    saved_env = _apply_env(run)
+    call_cgroup: Path | None = None
     try:
-        if tool.is_async:
-            value = await tool.fn(**kwargs)
-        else:
-            loop = asyncio.get_running_loop()
-            value = await loop.run_in_executor(None, partial(tool.fn, **kwargs))
-        content = "" if value is None else str(value)
-        if ctx.last_stage is not None:
-            ended_by = ctx.last_stage
-    except Aborted as e:
-        ended_by = ctx.last_stage or "interrupt"
-        message = "tool call aborted"
-        content = f"Error: {message} ({e.reason.describe()})"
-        error = ErrorInfo(name="Aborted", code=ErrorCode.ABORTED, message=message)
-    except Exception as e:  # a tool's own failure is a result, not a worker crash
-        ended_by = ctx.last_stage or "exit"
-        message = f"{type(e).__name__}: {e}"
-        content = f"Error: {message}"
-        error = ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message)
+        call_cgroup = ctx.call_cgroup()
+        enter, leave = _entering(ctx, call_cgroup)
+        child = spawn_call_process(
+            run, tool, arguments, tool_environment(run), enter=enter, leave=leave
+        )
+    except OSError as e:
+        if call_cgroup is not None:
+            CgroupTree.remove(call_cgroup)
+        return _spawn_failed(ctx, f"could not start the call process: {e.strerror or e}")
+    ctx.call_process = child
+    child.start_reading(asyncio.get_running_loop())
+    try:
+        await _announce(ctx, child.pid, call_cgroup)
+        status, ended_by, strays, _ = await _wait_and_sweep(ctx, child.pid)
+        outcome = child.take_outcome()
     finally:
-        _restore_env(saved_env)
-    ctx.procs = CallProcesses(mode=ctx.mode, worker_pid=os.getpid(), reaper=ctx.reaper)
-    strays = await _sweep(ctx)
+        child.close()
+        if call_cgroup is not None:
+            CgroupTree.remove(call_cgroup)
     await ctx.flush_reports()
-    data = content.encode("utf-8", "replace")
+    if outcome is None:
+        outcome = _no_outcome(status, stopped=ended_by != "exit")
+    data = outcome.content.encode("utf-8", "replace")
     return Result(
         call_id=run.call_id,
         exit_code=None,
-        exit_signal=None,
+        exit_signal=status.signal,
         ended_by=ended_by,
-        content=content,
+        content=outcome.content,
         output_head=b"",
         output_tail=b"",
         output_bytes=len(data),
         duration=ctx.elapsed(),
-        error=error,
+        error=outcome.error,
         strays_killed=strays,
     )
 
 
-def _apply_env(run: Run) -> dict[str, str | None]:
-    """Give a Python tool the same environment rules as a shell tool, for the call's length."""
-    changes: dict[str, str | None] = {"ANDON_CALL_ID": run.call_id, TAG_VAR: run.tag, **run.env_add}
-    for name in run.env_remove:
-        changes[name] = None
-    saved = {name: os.environ.get(name) for name in changes}
-    for name, value in changes.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    return saved
-
-
-def _restore_env(saved: dict[str, str | None]) -> None:
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+def _no_outcome(status: ExitStatus, *, stopped: bool) -> Outcome:
+    """The call process ended without a result: stopped by a stage, or it died on its own."""
+    if stopped:
+        return Outcome("", None)  # the supervisor says how it was stopped
+    how = (
+        f"was killed by signal {status.signal}"
+        if status.signal is not None
+        else f"exited with code {status.code}"
+    )
+    message = f"the tool's process {how} before returning a result"
+    return Outcome(
+        f"Error: {message}", ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message)
+    )
 
 
 def kill_everything(ctx: CallContext | None, reaper: Reaper, mode: ContainmentMode) -> None:

@@ -1,7 +1,8 @@
 """The processes of one tool call, as the worker that runs it sees them, and how it stops them.
 
 Membership is the union of what the containment mode can see: the call's process group, the
-worker's descendants (as a subreaper, orphans re-parent to the worker), and the call's cgroup.
+worker's descendants (as a subreaper, orphans re-parent to the worker), the call's cgroup, and, in
+pgroup mode, the processes that carry the call's tag.
 
 The group id is trusted only while the leader is **pinned**: the worker's own child, not yet
 reaped, whose pid (and so the group id) cannot be reused. Then one ``killpg`` reaches every
@@ -53,44 +54,55 @@ class CallProcesses:
         return self.pgid is not None and self.reaper.holds(self.pgid)
 
     def members(self, *, reap: bool = True, include_zombies: bool = False) -> list[ProcInfo]:
-        """Live processes of the call (zombies of our own children are reaped first)."""
+        """Live processes of the call (zombies of our own children are reaped first): the union
+        of its cgroup, its process group, the worker's descendants (subreaper modes) and the
+        processes carrying its tag (pgroup mode, where nothing else reaches an escapee).
+        Leaving one of them (a setsid, a write to another cgroup's ``cgroup.procs``) does not
+        hide a process while another still names it."""
         if reap:
             self.reaper.reap()
         if not self.maybe_any():
             return []
-        if self.cgroup is not None:
-            # Every process of the call is in its cgroup (leaving it takes a cgroup write that a
-            # tool cannot make by accident): read the members instead of scanning all of /proc.
-            in_cgroup = (procs.stat(pid) for pid in procs.cgroup_pids(self.cgroup))
-            return [
-                p
-                for p in in_cgroup
-                if p is not None and p.pid != self.worker_pid and (include_zombies or not p.zombie)
-            ]
-        everything = procs.snapshot()
         found: dict[int, ProcInfo] = {}
-        if self.pgid is not None:
-            pinned = self.pinned
-            for p in everything:
-                if p.pgid != self.pgid:
-                    continue
-                # A reaped leader's group id may belong to a stranger now: only the tag proves
-                # a process is still ours (as a subreaper, our descendants come below anyway).
-                if pinned or (
-                    self.mode == "pgroup"
-                    and self.tag is not None
-                    and not p.zombie
-                    and procs.carries(p.pid, self.tag)
-                ):
+        if self.cgroup is not None:
+            for pid in procs.cgroup_pids(self.cgroup):
+                info = procs.stat(pid)
+                if info is not None:
+                    found[pid] = info
+        # With a cgroup, the /proc scan is needed only when something may have left it: a
+        # process outside the cgroup that is ours is, as a subreaper's, below one of our children.
+        if self.cgroup is None or _has_children():
+            everything = procs.snapshot()
+            if self.pgid is not None:
+                pinned = self.pinned
+                for p in everything:
+                    if p.pgid != self.pgid:
+                        continue
+                    # A reaped leader's group id may belong to a stranger now: only the tag
+                    # proves a process is still ours (as a subreaper, our descendants come
+                    # below anyway).
+                    if pinned or (
+                        self.mode == "pgroup"
+                        and self.tag is not None
+                        and not p.zombie
+                        and procs.carries(p.pid, self.tag)
+                    ):
+                        found[p.pid] = p
+            if self.mode != "pgroup":
+                for p in procs.descendants(self.worker_pid, everything):
                     found[p.pid] = p
-        if self.mode != "pgroup":
-            for p in procs.descendants(self.worker_pid, everything):
-                found[p.pid] = p
+            elif self.tag is not None:
+                # Its own scan, repeated while pids are handed out: an escapee that forks and
+                # exits mid-scan must not take its child out of the count.
+                for p in procs.tagged(self.tag, exclude=(self.worker_pid, os.getpid())):
+                    found.setdefault(p.pid, p)
         found.pop(self.worker_pid, None)
+        found.pop(os.getpid(), None)
         return [p for p in found.values() if include_zombies or not p.zombie]
 
     def maybe_any(self) -> bool:
-        """A cheap test (no /proc scan) that can only err on the side of "maybe"."""
+        """A cheap test (no /proc scan, except for pgroup mode's tag) that can only err on the
+        side of "maybe"."""
         # Signal 0 only asks; once the leader is reaped the answer may be a stranger's group,
         # which the scan that follows filters out.
         probe_group = self.pgid is not None and (self.pinned or self.mode == "pgroup")
@@ -99,7 +111,13 @@ class CallProcesses:
         if self.mode != "pgroup" and _has_children():
             # As a subreaper, every descendant of the call is a child of the worker or below one.
             return True
-        return self.cgroup is not None and bool(procs.cgroup_pids(self.cgroup))
+        if self.cgroup is not None and procs.cgroup_pids(self.cgroup):
+            return True
+        if self.mode == "pgroup" and self.tag is not None:
+            # Without a subreaper an escapee (setsid, double fork) re-parents to init: only its
+            # tag still says it is ours.
+            return bool(procs.tagged(self.tag, exclude=(self.worker_pid, os.getpid())))
+        return False
 
     def signal(self, sig: int) -> int:
         """Send ``sig`` to every live member; return how many were targeted."""

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import zmq
 import zmq.asyncio
@@ -25,6 +26,7 @@ import zmq.asyncio
 from andon.base import ProtocolError
 from andon.protocol import (
     PROTOCOL_VERSION,
+    Ack,
     Cancel,
     ErrorReply,
     Heartbeat,
@@ -33,6 +35,7 @@ from andon.protocol import (
     Reject,
     Run,
     Shutdown,
+    Started,
     Welcome,
     decode,
     encode,
@@ -63,6 +66,9 @@ class WorkerOptions:
     cgroup_base: str | None = None  # the pool's own cgroup tree (cgroup mode)
     max_message_bytes: int = 16 * 1024 * 1024
     linger_ms: int = 500
+    # Tests only: break the protocol on purpose, as a buggy or hostile worker would. Tools cannot
+    # do it themselves: they run in call processes, away from the worker's socket.
+    fault: Literal["garbage-after-started"] | None = None
 
 
 def worker_main(options: WorkerOptions) -> None:
@@ -198,6 +204,8 @@ class Worker:
     async def send(self, msg: Message) -> None:
         assert self._sock is not None
         await self._sock.send_multipart(encode(msg))
+        if self.options.fault == "garbage-after-started" and isinstance(msg, Started):
+            await self._sock.send_multipart([b"\xc1 not msgpack", b"\x00"])
 
     async def _heartbeat(self) -> None:
         while True:
@@ -242,9 +250,13 @@ class Worker:
                 case Cancel():
                     call = self.current
                     if call is not None and call.run.call_id == msg.call_id:
-                        call.cancel(msg.stage)
+                        call.cancel(msg)
                         await call.flush_reports()
                     # A cancel for a call that already finished is ignored: it is idempotent.
+                case Ack():
+                    call = self.current
+                    if call is not None and call.run.call_id == msg.call_id:
+                        call.ack(msg.offset)
                 case Heartbeat():
                     pass
                 case _:

@@ -1,0 +1,336 @@
+"""A Python tool's call process (workers.md: "A Python tool never runs inside the reaping process").
+
+Each Python call runs in a process forked from the warm worker, in its own process group (and the
+call's cgroup), exactly like a shell call's leader. It is not a subreaper, and it has no reaper:
+the tool's own ``subprocess.run`` and asyncio subprocesses see their children's real exit
+statuses. Whatever threads and asyncio tasks the tool leaves end when the process exits, right
+after it has written its result; the children it leaves are the worker's to sweep.
+
+Two pipes join it to the worker:
+
+* worker -> call: cancels, each a length-prefixed msgpack map ``{"cause": <cause dict>}``. The
+  tool's signal aborts with that cause. Bytes written before the call process reads them wait in
+  the pipe, so a cancel that lands between the fork and the tool's first line is never lost: the
+  call process reads the pipe before it calls the tool, and does not call it when a cancel is
+  already there.
+* call -> worker: the outcome, one msgpack map ``{"content", "error"}``, then EOF. Its size is
+  capped (:data:`CONTENT_CAP`): the wire message that carries it has a limit.
+
+SIGTERM and SIGKILL are not the call process's business: the worker sends them to its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal as _signal
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, NoReturn
+
+import msgpack
+
+from andon.base import AbortController, Aborted, Cause, ErrorCode, cause_from_dict, procs
+from andon.protocol import ErrorInfo, Run
+from andon.workers._registry import Tool
+
+__all__ = ["CONTENT_CAP", "CallProcess", "Outcome", "spawn"]
+
+CONTENT_CAP = 4 * 1024 * 1024
+"""The largest result text a Python tool can return; beyond it the text is cut and says so."""
+
+_LEN = struct.Struct(">I")
+_EXIT_OK = 0
+_EXIT_BROKEN = 70  # EX_SOFTWARE: the call process itself failed (andon's bug, not the tool's)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the call process reported: the tool's text and, if it failed, why."""
+
+    content: str
+    error: ErrorInfo | None
+
+
+class CallProcess:
+    """The worker's side of one call process: its pid and the two pipe ends."""
+
+    def __init__(self, pid: int, cancel_fd: int, result_fd: int) -> None:
+        self.pid = pid
+        self._cancel_fd: int | None = cancel_fd
+        self._result_fd: int | None = result_fd
+        self._result = bytearray()
+
+    def cancel(self, cause: Cause) -> bool:
+        """Tell the tool to stop (its signal aborts with ``cause``); False once it has gone."""
+        if self._cancel_fd is None:
+            return False
+        frame = msgpack.packb({"cause": cause.to_dict()}, use_bin_type=True)
+        try:
+            # A few dozen bytes into an empty pipe: never blocks, never short.
+            os.write(self._cancel_fd, _LEN.pack(len(frame)) + frame)
+            return True
+        except OSError:  # EPIPE: the call process has exited
+            return False
+
+    def start_reading(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Collect the outcome as it arrives (the pipe must not fill while the tool writes it)."""
+        assert self._result_fd is not None
+        os.set_blocking(self._result_fd, False)
+        loop.add_reader(self._result_fd, self._read)
+
+    def _read(self) -> None:
+        fd = self._result_fd
+        if fd is None:
+            return
+        while True:
+            try:
+                data = os.read(fd, 64 * 1024)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                with contextlib.suppress(ValueError, OSError, RuntimeError):
+                    asyncio.get_running_loop().remove_reader(fd)
+                return
+            if len(self._result) <= CONTENT_CAP + 64 * 1024:  # beyond: dropped (cannot happen)
+                self._result += data
+
+    def take_outcome(self) -> Outcome | None:
+        """The outcome, once the call process has exited (it writes the whole outcome before it
+        exits, so what is not yet read is in the pipe); None if it ended without writing one (a
+        stage's signal, ``os._exit``, a crash). Never waits: a stray holding the pipe open
+        cannot hold the result back."""
+        self._read()
+        return _decode_outcome(bytes(self._result))
+
+    def close(self) -> None:
+        if self._cancel_fd is not None:
+            os.close(self._cancel_fd)
+            self._cancel_fd = None
+        if self._result_fd is not None:
+            with contextlib.suppress(ValueError, OSError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(self._result_fd)
+            os.close(self._result_fd)
+            self._result_fd = None
+
+
+def spawn(
+    run: Run,
+    tool: Tool,
+    arguments: dict[str, Any],
+    env: dict[str, str],
+    *,
+    enter: Callable[[], None] | None = None,
+    leave: Callable[[], None] | None = None,
+) -> CallProcess:
+    """Fork the call process; ``enter``/``leave`` move the worker into the call's cgroup and back
+    around the fork, so the call process is inside from its first instruction."""
+    to_call_r, to_call_w = os.pipe2(os.O_CLOEXEC)
+    from_call_r, from_call_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        if enter is not None:
+            enter()
+        try:
+            pid = os.fork()
+        except BaseException:
+            if leave is not None:
+                leave()
+            raise
+    except BaseException:
+        for fd in (to_call_r, to_call_w, from_call_r, from_call_w):
+            os.close(fd)
+        raise
+    if pid == 0:
+        os.close(to_call_w)
+        os.close(from_call_r)
+        _child(run, tool, arguments, env, to_call_r, from_call_w)
+    # Both sides make the group: whichever runs first, it exists before either goes on, so a
+    # stage sent the moment after the fork reaches the whole call.
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
+    if leave is not None:
+        leave()
+    os.close(to_call_r)
+    os.close(from_call_w)
+    return CallProcess(pid, to_call_w, from_call_r)
+
+
+# -- the call process ------------------------------------------------------------------------
+
+
+def _child(
+    run: Run,
+    tool: Tool,
+    arguments: dict[str, Any],
+    env: dict[str, str],
+    cancel_fd: int,
+    out_fd: int,
+) -> NoReturn:
+    """The call process's whole life; it never returns into the worker's code."""
+    status = _EXIT_BROKEN
+    try:
+        os.setpgid(0, 0)
+        _forget_the_worker()
+        # Every process of a call carries its tag, this one too (and so every fork of it).
+        procs.stamp_tag(run.tag)
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(run.cwd)
+        outcome = _run_tool(tool, arguments, cancel_fd, run)
+        _write_all(out_fd, _encode_outcome(outcome))
+        status = _EXIT_OK
+    except BaseException as e:  # andon's own failure here must still say something
+        with contextlib.suppress(BaseException):
+            message = f"internal error in the call process: {type(e).__name__}: {e}"
+            error = ErrorInfo(name="InternalError", code=ErrorCode.INTERNAL, message=message)
+            _write_all(out_fd, _encode_outcome(Outcome(f"Error: {message}", error)))
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        # Threads and tasks the tool left end here, with the process: nothing outlives its call.
+        os._exit(status)
+
+
+def _forget_the_worker() -> None:
+    """Drop what the fork copied of the worker's event loop: its signal handlers and wakeup fd
+    (a SIGCHLD of the tool's children must not reach the worker's reaper logic) and the note
+    that a loop is running in this thread."""
+    with contextlib.suppress(ValueError, OSError):
+        _signal.set_wakeup_fd(-1)
+    for sig in _signal.valid_signals():
+        if sig in (_signal.SIGKILL, _signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            _signal.signal(sig, _signal.SIG_DFL)
+    # Python 3.11 keeps the forking thread's running loop across fork; a new loop refuses to run
+    # while it is set.
+    asyncio.events._set_running_loop(None)
+
+
+def _run_tool(tool: Tool, arguments: dict[str, Any], cancel_fd: int, run: Run) -> Outcome:
+    controller = AbortController()
+    reader = _CancelReader(cancel_fd, controller)
+    reader.drain()  # a cancel sent before the fork or during it is already in the pipe
+    if controller.signal.aborted:
+        return _aborted()
+    kwargs = dict(arguments)
+    if tool.takes_signal:
+        kwargs["signal"] = controller.signal
+    assert tool.fn is not None
+    fn = tool.fn
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    async def call() -> Any:
+        loop.add_reader(cancel_fd, reader.drain)
+        if tool.is_async:
+            return await fn(**kwargs)
+        return await loop.run_in_executor(None, partial(fn, **kwargs))
+
+    try:
+        # No asyncio.run: its clean-up would wait for tasks and threads the tool left behind.
+        value = loop.run_until_complete(call())
+    except Aborted:
+        return _aborted()
+    except SystemExit as e:  # the tool called sys.exit(): its failure, not the call process's
+        message = f"the tool called sys.exit({e.code!r})"
+        return Outcome(
+            f"Error: {message}",
+            ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message),
+        )
+    except Exception as e:  # a tool's own failure is a result
+        message = f"{type(e).__name__}: {e}"
+        return Outcome(
+            f"Error: {message}",
+            ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message),
+        )
+    return Outcome("" if value is None else str(value), None)
+
+
+def _aborted() -> Outcome:
+    # The cause is named once, by the supervisor's status line; the tool's text does not repeat it.
+    message = "tool call aborted"
+    return Outcome(
+        f"Error: {message}", ErrorInfo(name="Aborted", code=ErrorCode.ABORTED, message=message)
+    )
+
+
+class _CancelReader:
+    def __init__(self, fd: int, controller: AbortController) -> None:
+        self.fd = fd
+        self.controller = controller
+        self.buffer = bytearray()
+        os.set_blocking(fd, False)
+
+    def drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 4096)
+            except BlockingIOError:
+                break
+            if not data:
+                with contextlib.suppress(ValueError, RuntimeError):
+                    asyncio.get_event_loop().remove_reader(self.fd)
+                break
+            self.buffer += data
+        while len(self.buffer) >= _LEN.size:
+            (size,) = _LEN.unpack_from(self.buffer)
+            if len(self.buffer) < _LEN.size + size:
+                return
+            frame = bytes(self.buffer[_LEN.size : _LEN.size + size])
+            del self.buffer[: _LEN.size + size]
+            try:
+                cause = cause_from_dict(msgpack.unpackb(frame, raw=False).get("cause"))
+            except (ValueError, AttributeError, msgpack.UnpackException):
+                continue  # the worker wrote it; a bad frame is a bug, not a reason to crash here
+            self.controller.abort(cause)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _encode_outcome(outcome: Outcome) -> bytes:
+    content = outcome.content
+    encoded = content.encode("utf-8", "replace")
+    if len(encoded) > CONTENT_CAP:
+        cut = encoded[:CONTENT_CAP].decode("utf-8", "ignore")
+        content = f"{cut}\n[andon cut the tool's result at {CONTENT_CAP} of {len(encoded)} bytes]"
+    error = outcome.error
+    packed: bytes = msgpack.packb(
+        {
+            "content": content,
+            "error": None if error is None else [error.name, error.code.value, error.message],
+        },
+        use_bin_type=True,
+    )
+    return packed
+
+
+def _decode_outcome(data: bytes) -> Outcome | None:
+    if not data:
+        return None
+    try:
+        raw = msgpack.unpackb(data, raw=False)
+        content = raw["content"]
+        error = raw["error"]
+        info = (
+            None
+            if error is None
+            else ErrorInfo(name=error[0], code=ErrorCode(error[1]), message=error[2])
+        )
+    except Exception:  # a half-written outcome (killed mid-write): as good as none
+        return None
+    if not isinstance(content, str):
+        return None
+    return Outcome(content, info)
