@@ -120,8 +120,19 @@ def kills_its_worker() -> str:
     return "unreachable"
 
 
+@andon.tools.tool
+def cooperative_sync(seconds: float, *, signal: AbortSignal) -> str:
+    """A sync tool that checks its signal between short sleeps (it runs on the call process's
+    main thread; a cancel reaches it as a signal handler)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        signal.throw_if_aborted()
+        time.sleep(0.01)  # sleep-ok: a sync tool's own work, checking its signal in between
+    return "finished"
+
+
 def more_tools() -> andon.tools.ToolRegistry:
     reg = registry()
-    for t in (exit_statuses, leaves_things, reason_probe, kills_its_worker):
+    for t in (exit_statuses, leaves_things, reason_probe, kills_its_worker, cooperative_sync):
         reg.add(t)
     return reg

@@ -139,3 +139,30 @@ async def test_a_python_tool_timeout_is_its_signals_reason(tmp_path: Path) -> No
     assert probe.read_text() == "tool call timed out after 5s"
     assert outcome.error is not None and outcome.error.code is ErrorCode.TOOL_TIMEOUT
     assert outcome.ended_by == "timeout-interrupt"
+
+
+def _writable_cgroup2_root() -> Path | None:
+    for root, writable in procs.cgroup2_mounts():
+        if writable:
+            return root
+    return None
+
+
+@pytest.mark.skipif(_writable_cgroup2_root() is None, reason="no writable cgroup v2 here")
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_tool_that_leaves_its_cgroup_and_double_forks_is_stopped_with_the_call(
+    mode: str,
+) -> None:
+    root = _writable_cgroup2_root()
+    assert root is not None
+    # What nsjail, systemd-run or bazel's sandbox do: the tool writes itself into another
+    # cgroup (here the root one), then leaves a daemon behind and exits.
+    command = f"echo $$ > {root}/cgroup.procs && ( setsid sleep 300 & ) ; echo moved"
+    async with running_pool(mode, registry=more_tools()) as (_, executor):
+        outcome = await executor.execute(
+            ToolCallRequest("c1-1-1", "bash", json.dumps({"command": command}), os.getcwd()),
+            AbortController().signal,
+        )
+        assert outcome.content.startswith("moved"), outcome.content
+        assert outcome.strays_killed >= 1
+        assert call_processes(executor, "c1-1-1") == []

@@ -19,7 +19,7 @@ import pytest
 
 from andon.base import AbortController, ErrorCode, GracePolicy, User
 from andon.supervisor import ToolCallRequest, ToolOutcome
-from tests.workers.pytools import registry
+from tests.workers.pytools import more_tools
 from tests.workers.support import Recorder, bash, call_processes, running_pool
 
 TRIALS = 100
@@ -46,8 +46,9 @@ class _AbortAt(Recorder):
 
 
 def _request(kind: str, moment: str, call_id: str) -> ToolCallRequest:
-    if kind == "python":
-        return ToolCallRequest(call_id, "cooperative", json.dumps({"seconds": 60}), os.getcwd())
+    if kind in ("python", "python-sync"):
+        name = "cooperative" if kind == "python" else "cooperative_sync"
+        return ToolCallRequest(call_id, name, json.dumps({"seconds": 60}), os.getcwd())
     return bash(call_id, "exec yes line" if moment == "output" else "exec sleep 1000")
 
 
@@ -75,6 +76,8 @@ async def _one(
         ("shell", "output"),
         ("python", "early"),
         ("python", "started"),
+        ("python-sync", "early"),
+        ("python-sync", "started"),
     ],
 )
 async def test_a_cancel_at_any_moment_ends_the_call_promptly_and_honestly(
@@ -82,7 +85,7 @@ async def test_a_cancel_at_any_moment_ends_the_call_promptly_and_honestly(
 ) -> None:
     rng = random.Random(f"{kind}-{moment}")
     ended: dict[str, int] = {}
-    async with running_pool("subreaper", registry=registry(), grace=COOPERATIVE) as (
+    async with running_pool("subreaper", registry=more_tools(), grace=COOPERATIVE) as (
         pool,
         executor,
     ):

@@ -63,12 +63,7 @@ class CallProcesses:
             self.reaper.reap()
         if not self.maybe_any():
             return []
-        found: dict[int, ProcInfo] = {}
-        if self.cgroup is not None:
-            for pid in procs.cgroup_pids(self.cgroup):
-                info = procs.stat(pid)
-                if info is not None:
-                    found[pid] = info
+        found = {p.pid: p for p in self._cgroup_members()}
         # With a cgroup, the /proc scan is needed only when something may have left it: a
         # process outside the cgroup that is ours is, as a subreaper's, below one of our children.
         if self.cgroup is None or _has_children():
@@ -99,6 +94,12 @@ class CallProcesses:
         found.pop(self.worker_pid, None)
         found.pop(os.getpid(), None)
         return [p for p in found.values() if include_zombies or not p.zombie]
+
+    def _cgroup_members(self) -> list[ProcInfo]:
+        if self.cgroup is None:
+            return []
+        found = (procs.stat(pid) for pid in procs.cgroup_pids(self.cgroup))
+        return [p for p in found if p is not None and p.pid != self.worker_pid]
 
     def maybe_any(self) -> bool:
         """A cheap test (no /proc scan, except for pgroup mode's tag) that can only err on the
@@ -135,7 +136,15 @@ class CallProcesses:
         # With a cgroup, membership is cheap to read and must be read first: a process that dies
         # leaves cgroup.procs at once (no zombie stays listed). Without one, a /proc scan is the
         # expensive part and comes after the signal; zombies then still show who was reached.
-        before = self.members(reap=False, include_zombies=True) if self.cgroup else None
+        # A group-only stage to a pinned group reaches every member through its killpg: the
+        # cgroup's list is then count enough, and the full union (a /proc scan) is not needed.
+        before: list[ProcInfo] | None = None
+        if self.cgroup is not None:
+            before = (
+                self._cgroup_members()
+                if group_only and self.pinned
+                else self.members(reap=False, include_zombies=True)
+            )
         pinned = self.pinned
         if pinned:
             assert self.pgid is not None

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import gc
 import os
 import signal as _signal
 import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, NoReturn
 
 import msgpack
@@ -175,12 +176,14 @@ def _child(
     """The call process's whole life; it never returns into the worker's code."""
     status = _EXIT_BROKEN
     try:
+        # The worker's objects are not the tool's garbage: a collection that walked them would
+        # copy every page of the worker's heap into this process (copy-on-write).
+        gc.freeze()
         os.setpgid(0, 0)
         _forget_the_worker()
         # Every process of a call carries its tag, this one too (and so every fork of it).
         procs.stamp_tag(run.tag)
-        os.environ.clear()
-        os.environ.update(env)
+        _set_environment(env)
         os.chdir(run.cwd)
         outcome = _run_tool(tool, arguments, cancel_fd, run)
         _write_all(out_fd, _encode_outcome(outcome))
@@ -198,17 +201,23 @@ def _child(
         os._exit(status)
 
 
+def _set_environment(env: dict[str, str]) -> None:
+    """Make ``os.environ`` exactly ``env``, touching only what differs (each change is a
+    putenv; clearing and refilling the whole environment cost a millisecond)."""
+    for name in [name for name in os.environ if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 def _forget_the_worker() -> None:
-    """Drop what the fork copied of the worker's event loop: its signal handlers and wakeup fd
-    (a SIGCHLD of the tool's children must not reach the worker's reaper logic) and the note
-    that a loop is running in this thread."""
+    """Drop what the fork copied of the worker's event loop: its SIGCHLD handler and wakeup fd
+    (the worker set every other disposition to the default at its start, and only its reaper
+    installs one) and the note that a loop is running in this thread."""
     with contextlib.suppress(ValueError, OSError):
         _signal.set_wakeup_fd(-1)
-    for sig in _signal.valid_signals():
-        if sig in (_signal.SIGKILL, _signal.SIGSTOP):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            _signal.signal(sig, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     # Python 3.11 keeps the forking thread's running loop across fork; a new loop refuses to run
     # while it is set.
     asyncio.events._set_running_loop(None)
@@ -217,26 +226,34 @@ def _forget_the_worker() -> None:
 def _run_tool(tool: Tool, arguments: dict[str, Any], cancel_fd: int, run: Run) -> Outcome:
     controller = AbortController()
     reader = _CancelReader(cancel_fd, controller)
-    reader.drain()  # a cancel sent before the fork or during it is already in the pipe
-    if controller.signal.aborted:
-        return _aborted()
     kwargs = dict(arguments)
     if tool.takes_signal:
         kwargs["signal"] = controller.signal
     assert tool.fn is not None
     fn = tool.fn
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-
-    async def call() -> Any:
-        loop.add_reader(cancel_fd, reader.drain)
-        if tool.is_async:
-            return await fn(**kwargs)
-        return await loop.run_in_executor(None, partial(fn, **kwargs))
-
     try:
-        # No asyncio.run: its clean-up would wait for tasks and threads the tool left behind.
-        value = loop.run_until_complete(call())
+        if tool.is_async:
+            reader.drain()  # a cancel sent before the fork or during it is already in the pipe
+            if controller.signal.aborted:
+                return _aborted()
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+
+            async def call() -> Any:
+                loop.add_reader(cancel_fd, reader.drain)
+                return await fn(**kwargs)
+
+            # No asyncio.run: its clean-up would wait for tasks and threads the tool left.
+            value = loop.run_until_complete(call())
+        else:
+            # A sync tool runs on this (the main) thread, with no loop: a cancel arrives as
+            # SIGIO, whose handler runs between the tool's bytecodes and aborts its signal.
+            if tool.takes_signal:
+                reader.deliver_by_sigio()
+            reader.drain()
+            if controller.signal.aborted:
+                return _aborted()
+            value = fn(**kwargs)
     except Aborted:
         return _aborted()
     except SystemExit as e:  # the tool called sys.exit(): its failure, not the call process's
@@ -269,6 +286,14 @@ class _CancelReader:
         self.buffer = bytearray()
         os.set_blocking(fd, False)
 
+    def deliver_by_sigio(self) -> None:
+        """Have the kernel signal this process when a cancel arrives (the handler first: SIGIO's
+        default is to terminate). Set before the first drain, so nothing falls in between."""
+        _signal.signal(_signal.SIGIO, lambda _sig, _frame: self.drain())
+        fcntl.fcntl(self.fd, fcntl.F_SETOWN, os.getpid())
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | os.O_ASYNC)
+
     def drain(self) -> None:
         while True:
             try:
@@ -276,8 +301,9 @@ class _CancelReader:
             except BlockingIOError:
                 break
             if not data:
-                with contextlib.suppress(ValueError, RuntimeError):
-                    asyncio.get_event_loop().remove_reader(self.fd)
+                # The worker is gone (or the call is over): stop watching the pipe.
+                with contextlib.suppress(ValueError, RuntimeError, OSError):
+                    asyncio.get_running_loop().remove_reader(self.fd)
                 break
             self.buffer += data
         while len(self.buffer) >= _LEN.size:
