@@ -39,6 +39,18 @@ class GracePolicy:
         """Seconds after the stop began at which SIGKILL is sent."""
         return self.term_after + self.kill_after
 
+    def deadline(self, stage: str) -> float:
+        """Seconds after the stop began at which ``stage`` is sent (``interrupt``, ``term``,
+        ``kill``): the one place the timeline's deadlines are computed."""
+        match stage:
+            case "interrupt":
+                return 0.0
+            case "term":
+                return self.term_after
+            case "kill":
+                return self.kill_at
+        raise ValueError(f"unknown grace stage {stage!r}")
+
     @classmethod
     def parse(cls, text: str) -> GracePolicy:
         """Parse ``"TERM,KILL"`` as given to ``--grace`` (``inf`` allowed)."""

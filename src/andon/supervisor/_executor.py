@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from andon.base import (
     Aborted,
@@ -30,7 +30,6 @@ from andon.base import (
     ErrorCode,
     GracePolicy,
     SystemClock,
-    Timeout,
     call_tag,
     executor_id,
 )
@@ -47,14 +46,14 @@ from andon.protocol import (
     Signalled,
     Started,
 )
-from andon.supervisor._outcome import StageMark, ToolOutcome, format_output, not_run, status_line
+from andon.supervisor._outcome import ToolOutcome, not_run, status_line
 from andon.supervisor._pool import WorkerGone, WorkerLease, WorkerPool
+from andon.supervisor._render import lost_content, python_content, shell_content
 from andon.supervisor._spill import DEFAULT_SPILL_CAP, Spill
+from andon.supervisor._timeline import STAGES, Lost, Running, Stopping, Timeline, Why
 from andon.workers import ArgumentError, Tool, ToolRegistry, validate_arguments
 
 __all__ = ["ExecutionObserver", "ToolCallRequest", "ToolExecutor", "aborted_before_dispatch"]
-
-_STAGES: tuple[CancelStage, ...] = ("interrupt", "term", "kill")
 
 
 @dataclass(frozen=True)
@@ -217,7 +216,7 @@ class ToolExecutor:
 
 
 class _RunningCall:
-    """The timeline of one dispatched call."""
+    """One dispatched call: its events, its timeline, and its outcome."""
 
     def __init__(
         self,
@@ -240,14 +239,8 @@ class _RunningCall:
         self.timeout = executor.timeout_for(tool, arguments)
         self.queue: asyncio.Queue[object] = lease.messages
         self.clock = executor.clock
-        self.t0 = 0.0
-        self.stop_reason: Literal["abort", "timeout"] | None = None
-        self.stop_t: float | None = None
-        self.stop_cause: Cause | None = None
-        self.next_stage = 0  # index into _STAGES of the next stage to send
-        self.marks: list[StageMark] = []
-        self.kill_sent_at: float | None = None
-        self.lost_reason: str | None = None
+        self._t0 = 0.0  # when the run was sent, on the executor's clock
+        self.timeline: Timeline = Running(0.0, self.timeout)
         self.result_received = False
         self.started: Started | None = None
         self.consumed = 0  # output bytes spilled so far
@@ -263,6 +256,18 @@ class _RunningCall:
     @property
     def python(self) -> bool:
         return self.tool.kind == "python"
+
+    @property
+    def t0(self) -> float:
+        return self._t0
+
+    @property
+    def stop(self) -> Stopping | None:
+        """The stop under way (or the one under way when the worker was lost)."""
+        timeline = self.timeline
+        if isinstance(timeline, Lost):
+            return timeline.stop
+        return timeline if isinstance(timeline, Stopping) else None
 
     async def drive(self) -> ToolOutcome:
         handle = self.signal.add_callback(lambda _cause: self.queue.put_nowait(_ABORT))
@@ -283,7 +288,8 @@ class _RunningCall:
                 env_add=env_add,
                 env_remove=self.ex.env_remove,
             )
-            self.t0 = self.clock.monotonic()
+            self._t0 = self.clock.monotonic()
+            self.timeline = Running(self._t0, self.timeout)
             await self.lease.send(run)  # from here on the call counts as started
             self._schedule()
             while True:
@@ -321,97 +327,91 @@ class _RunningCall:
                 return self._from_result(item)
             case ErrorReply():
                 # The worker refused or failed to read our message: broken means dead.
-                self.lost_reason = f"the worker answered an error: {item.reason}"
-                self.lease.kill(self.lost_reason)
+                self._lose(f"the worker answered an error: {item.reason}")
             case WorkerGone():
                 return self._from_worker_gone(item)
             case _Abort():
-                if self.stop_reason is None:
-                    self.stop_cause = self.signal.reason
-                    await self._begin_stop("abort")
+                if isinstance(self.timeline, Running):
+                    await self._begin_stop("abort", self.signal.reason)
             case _Force():
-                if self.stop_reason is not None:
-                    while self.next_stage < len(_STAGES):
-                        await self._send_stage(_STAGES[self.next_stage])
+                while isinstance(self.timeline, Stopping) and (
+                    (stage := self.timeline.next_stage()) is not None
+                ):
+                    await self._send_stage(stage)
+                self._schedule()
             case _Tick():
                 await self._on_tick()
         return None
 
-    async def _begin_stop(self, reason: Literal["abort", "timeout"]) -> None:
-        self.stop_reason = reason
-        self.stop_t = self.clock.monotonic()
-        if self.grace.interrupt or self.python:
-            await self._send_stage("interrupt")
-        else:
-            self.next_stage = 1
+    def _lose(self, reason: str) -> None:
+        if not isinstance(self.timeline, Lost):
+            self.timeline = Lost(reason, self.stop)
+            self.lease.kill(reason)
+
+    async def _begin_stop(self, why: Why, cause: Cause | None) -> None:
+        assert isinstance(self.timeline, Running)
+        now = self.clock.monotonic()
+        # A Python tool's first stage is its signal, whatever ``interrupt`` says of SIGINT.
+        self.timeline = self.timeline.stop(
+            why, cause, now, interrupt=self.grace.interrupt or self.python
+        )
         await self._on_tick()
 
     async def _on_tick(self) -> None:
         now = self.clock.monotonic()
-        if self.stop_reason is None:
-            if self.timeout is not None and now >= self.t0 + self.timeout:
-                await self._begin_stop("timeout")
+        timeline = self.timeline
+        if isinstance(timeline, Running):
+            deadline = timeline.deadline()
+            if deadline is not None and now >= deadline:
+                await self._begin_stop("timeout", None)
                 return
-        else:
-            assert self.stop_t is not None
-            deadlines = (0.0, self.grace.term_after, self.grace.kill_at)
+        elif isinstance(timeline, Stopping):
             while (
-                self.next_stage < len(_STAGES) and now >= self.stop_t + deadlines[self.next_stage]
+                isinstance(self.timeline, Stopping)
+                and (stage := self.timeline.due(now, self.grace)) is not None
             ):
-                await self._send_stage(_STAGES[self.next_stage])
+                await self._send_stage(stage)
+            stopping = self.timeline
             if (
-                self.kill_sent_at is not None
-                and self.lost_reason is None
-                and now >= self.kill_sent_at + self.ex.kill_ack_timeout
+                isinstance(stopping, Stopping)
+                and stopping.kill_sent_at is not None
+                and now >= stopping.kill_sent_at + self.ex.kill_ack_timeout
             ):
-                self.lost_reason = (
+                self._lose(
                     f"the worker did not report the call's end within "
                     f"{self.ex.kill_ack_timeout:g}s of SIGKILL"
                 )
-                self.lease.kill(self.lost_reason)
         self._schedule()
 
     async def _send_stage(self, stage: CancelStage) -> None:
-        index = _STAGES.index(stage)
-        if index < self.next_stage:
-            return
-        self.next_stage = index + 1
+        stopping = self.timeline
+        assert isinstance(stopping, Stopping)
         now = self.clock.monotonic()
-        assert self.stop_t is not None
-        self.marks.append(StageMark(stage, now - self.stop_t))
-        if stage == "kill":
-            self.kill_sent_at = now
+        after = stopping.send(stage, now)
+        if after is stopping:
+            return
+        self.timeline = after
         await self.lease.send(
             Cancel(
                 call_id=self.request.call_id,
                 stage=stage,
-                cause=self._wire_cause(),
-                kill_in=max(0.0, self.stop_t + self.grace.kill_at - now),
+                cause=after.cause.to_dict() if after.cause is not None else None,
+                kill_in=after.kill_in(now, self.grace),
             )
         )
-
-    def _wire_cause(self) -> dict[str, Any] | None:
-        """What a Python tool's signal aborts with: the turn's cause, or its own timeout."""
-        if self.stop_reason == "timeout" and self.timeout is not None:
-            return Timeout(self.timeout).to_dict()
-        return self.stop_cause.to_dict() if self.stop_cause is not None else None
 
     def _schedule(self) -> None:
         """Arm one timer for the next deadline on the clock."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        deadline: float | None = None
-        if self.stop_reason is None:
-            if self.timeout is not None:
-                deadline = self.t0 + self.timeout
+        timeline = self.timeline
+        if isinstance(timeline, Running):
+            deadline = timeline.deadline()
+        elif isinstance(timeline, Stopping):
+            deadline = timeline.deadline(self.grace, self.ex.kill_ack_timeout)
         else:
-            assert self.stop_t is not None
-            deadlines = (0.0, self.grace.term_after, self.grace.kill_at)
-            if self.next_stage < len(_STAGES):
-                deadline = self.stop_t + deadlines[self.next_stage]
-            elif self.kill_sent_at is not None and self.lost_reason is None:
-                deadline = self.kill_sent_at + self.ex.kill_ack_timeout
+            deadline = None
         if deadline is None or not math.isfinite(deadline):
             return
         self._timer = asyncio.get_running_loop().create_task(self._tick_at(deadline))
@@ -425,23 +425,35 @@ class _RunningCall:
     # -- outcomes ----------------------------------------------------------------------------
 
     def _ended_by(self, stage: str) -> Any:
-        if self.stop_reason == "timeout" and stage in _STAGES:
+        stop = self.stop
+        if stop is not None and stop.why == "timeout" and stage in STAGES:
             return f"timeout-{stage}"
         return stage
 
     def _stop_error(self) -> ErrorInfo | None:
-        if self.stop_reason == "abort":
+        stop = self.stop
+        if stop is None:
+            return None
+        if stop.why == "abort":
             return ErrorInfo(name="Aborted", code=ErrorCode.ABORTED, message="tool call aborted")
-        if self.stop_reason == "timeout":
-            return ErrorInfo(
-                name="ToolTimeout",
-                code=ErrorCode.TOOL_TIMEOUT,
-                message=f"tool call timed out after {self.timeout:g}s",
-            )
-        return None
+        return ErrorInfo(
+            name="ToolTimeout",
+            code=ErrorCode.TOOL_TIMEOUT,
+            message=f"tool call timed out after {self.timeout:g}s",
+        )
 
-    def _since_stop(self) -> float | None:
-        return None if self.stop_t is None else self.clock.monotonic() - self.stop_t
+    def _status(self, exit_code: int | None, exit_signal: int | None) -> str:
+        stop = self.stop
+        return status_line(
+            reason=stop.why if stop is not None else None,
+            cause=stop.cause if stop is not None else None,
+            timeout=self.timeout,
+            stages=stop.sent if stop is not None else (),
+            exit_code=exit_code,
+            exit_signal=exit_signal,
+            since_stop=self.clock.monotonic() - stop.began if stop is not None else None,
+            python=self.python,
+        )
 
     def _from_result(self, result: Result) -> ToolOutcome:
         duration = self.clock.monotonic() - self.t0
@@ -452,26 +464,18 @@ class _RunningCall:
         ):
             # The cancel reached the worker before the spawn: the tool never started.
             return aborted_before_dispatch(self.request.call_id)
-        stopped = self.stop_reason is not None and result.ended_by != "exit"
-        error = result.error
-        if stopped:
-            error = self._stop_error()
-        elif error is None and self.stop_reason is not None and self.python:
-            pass  # the Python tool finished on its own before the stop reached it
+        # A call that ended on its own before the stop reached it keeps its own result.
+        stopped = self.stop is not None and result.ended_by != "exit"
+        error = self._stop_error() if stopped else result.error
         ended_by = self._ended_by(result.ended_by) if stopped else result.ended_by
         if self.python:
-            content = result.content
-            if stopped and error is not None and not content.startswith("Error:"):
-                content = f"{content}\n" if content else ""
-                content += "Error: tool call stopped"
-            if stopped:
-                content += "\n" + self._status(None, None, python=True)
+            content = python_content(
+                result.content,
+                stopped=stopped,
+                failed=error is not None,
+                status=self._status(None, None) if stopped else "",
+            )
         else:
-            parts = [
-                format_output(
-                    result.output_head, result.output_tail, result.output_bytes, self.spill.relpath
-                )
-            ]
             status = (
                 self._status(result.exit_code, result.exit_signal)
                 if stopped
@@ -485,24 +489,9 @@ class _RunningCall:
                     since_stop=None,
                 )
             )
-            if parts[0] and not parts[0].endswith("\n"):
-                parts[0] += "\n"
-            parts.append(status)
-            if result.strays_killed:
-                parts.append(
-                    f"\n[andon stopped {result.strays_killed} background "
-                    f"process{'es' if result.strays_killed != 1 else ''} this command left running]"
-                )
-            if self.spill.note():
-                parts.append("\n" + self.spill.note())
-            if result.unreachable:
-                parts.append(
-                    f"\n[andon could not stop {result.unreachable} process"
-                    f"{'es' if result.unreachable != 1 else ''} this command left running: "
-                    f"containment mode 'pgroup' cannot reach processes that left the process group]"
-                )
-            content = "".join(parts)
+            content = shell_content(result, self.spill, status)
         failed = result.exit_code not in (None, 0) or result.exit_signal is not None
+        stop = self.stop
         return ToolOutcome(
             call_id=self.request.call_id,
             content=content,
@@ -518,35 +507,18 @@ class _RunningCall:
             output_bytes=self.spill.total if not self.python else result.output_bytes,
             output_file=self.spill.relpath,
             started=self.started,
-            stages=tuple(self.marks),
-        )
-
-    def _status(
-        self, exit_code: int | None, exit_signal: int | None, *, python: bool = False
-    ) -> str:
-        return status_line(
-            reason=self.stop_reason,
-            cause=self.stop_cause,
-            timeout=self.timeout,
-            stages=tuple(self.marks),
-            exit_code=exit_code,
-            exit_signal=exit_signal,
-            since_stop=self._since_stop(),
-            python=python,
+            stages=stop.sent if stop is not None else (),
         )
 
     def _from_worker_gone(self, gone: WorkerGone) -> ToolOutcome:
         duration = self.clock.monotonic() - self.t0
-        output = format_output(self.spill.head(), b"", self.spill.total, self.spill.relpath)
-        if output and not output.endswith("\n"):
-            output += "\n"
-        if self.spill.note():
-            output += self.spill.note() + "\n"
-        reason = self.lost_reason or gone.reason
+        timeline = self.timeline
+        reason = timeline.reason if isinstance(timeline, Lost) else gone.reason
         message = f"worker lost: {reason}; andon killed the call's processes"
+        stop = self.stop
         return ToolOutcome(
             call_id=self.request.call_id,
-            content=output + f"Error: {message}",
+            content=lost_content(self.spill, message),
             is_error=True,
             ended_by="worker-lost",
             duration=duration,
@@ -554,5 +526,5 @@ class _RunningCall:
             output_bytes=self.spill.total,
             output_file=self.spill.relpath,
             started=self.started,
-            stages=tuple(self.marks),
+            stages=stop.sent if stop is not None else (),
         )
