@@ -1,9 +1,9 @@
 """The built-in tools (workers.md, Built-in tools).
 
 ``bash`` is a shell tool: the worker runs it in its own process group. The file tools are Python
-tools that run inside the worker, whose working directory is the session's for the call, so
-relative paths resolve against it. A tool that fails raises; the worker turns the exception into a
-``TOOL_ERROR`` result carrying its type and text.
+tools that run in the call's own call process, whose working directory is the session's for the
+call, so relative paths resolve against it. A tool that fails raises; the call process turns the
+exception into a ``TOOL_ERROR`` result carrying its type and text.
 """
 
 from __future__ import annotations

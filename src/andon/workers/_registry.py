@@ -37,7 +37,7 @@ class Tool:
     """A tool the model can call.
 
     ``kind`` is ``shell`` for commands run in their own process group by the worker (``bash``),
-    ``python`` for a function run inside the worker process.
+    ``python`` for a function run in a call process forked from the worker (``_pycall``).
     """
 
     name: str
