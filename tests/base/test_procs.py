@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 
 from andon.base import call_tag, executor_id, procs
 from tests.support import leftovers
@@ -68,3 +69,18 @@ def test_signal_group_does_nothing_once_its_anchor_has_exited() -> None:
         assert procs.signal_group(fd, signal.SIGKILL) == 0
     finally:
         fd.close()
+
+
+def test_an_empty_environment_is_looked_at_again_but_not_for_long() -> None:
+    # `env -i`: a real process with a genuinely empty environment (what /proc also shows for a
+    # moment while a process execs, which is why an empty read is retried).
+    proc = subprocess.Popen(["env", "-i", "sleep", "30"])
+    try:
+        info = procs.stat(proc.pid)
+        assert info is not None
+        started = time.monotonic()
+        assert not procs.carries(proc.pid, b"ANDON_CALL_TAG=x")
+        assert time.monotonic() - started < 1.0  # a few ms of retries, generous bound
+    finally:
+        proc.kill()  # our own unreaped child
+        proc.wait()

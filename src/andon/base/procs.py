@@ -246,12 +246,22 @@ def carries(pid: int, entry: bytes) -> bool:
                 environ = f.read()
         except OSError:
             return False
-        if environ or time.monotonic() >= deadline:
+        if environ or time.monotonic() >= deadline or _kernel_thread(pid):
             return entry in environ.split(b"\0")
         os.sched_yield()
 
 
 _EXEC_SETTLE = 0.005
+_PF_KTHREAD = 0x00200000
+
+
+def _kernel_thread(pid: int) -> bool:
+    """Kernel threads have no environment at all (some kernels read it as empty): no retry."""
+    fields = _stat_fields(pid)
+    try:
+        return fields is not None and bool(int(fields[6]) & _PF_KTHREAD)  # field 9: flags
+    except (IndexError, ValueError):
+        return False
 
 
 def tagged(
