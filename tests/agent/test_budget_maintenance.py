@@ -10,6 +10,8 @@ import pytest
 from andon.base import AbortSignal, ManualClock
 from andon.supervisor import TurnBudget
 from tests.agent.support import Watcher, agent_for, assert_sound, records, turn_ends
+from tests.support import fifo_in
+from tests.workers.pytools import more_tools
 
 LONG_TOOL = {
     "tool_calls": [{"name": "bash", "arguments": {"command": "echo ready; exec sleep 1000"}}]
@@ -102,3 +104,25 @@ async def test_run_maintenance_while_running_raises(tmp_path: Path) -> None:
 
         with pytest.raises(RuntimeError, match="idle"):
             await agent.run_maintenance(job)
+
+
+async def test_a_python_tool_stopped_by_a_budget_sees_the_hook_and_the_model_reads_it_once(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    probe, gate = tmp_path / "reason", fifo_in(tmp_path)
+    call = {"name": "reason_probe", "arguments": {"path": str(probe), "ready": str(gate)}}
+    replies = [{"tool_calls": [call]}]
+    async with agent_for(
+        tmp_path / "s", replies, tools=more_tools(), hooks=[TurnBudget(seconds=30)], clock=clock
+    ) as agent:
+        agent.followup("probe")
+        assert await asyncio.to_thread(gate.read_text) == "running\n"  # the tool runs
+        clock.advance(30)
+        await agent.when_idle()
+    assert probe.read_text() == "by hook: turn budget exceeded: 30s"
+    result = next(r["data"] for r in records(tmp_path / "s") if r["type"] == "tool/result")
+    assert result["error"]["code"] == "ABORTED"
+    assert result["content"].count("turn budget exceeded") == 1, result["content"]
+    assert "by user" not in result["content"]
+    assert_sound(tmp_path / "s")
