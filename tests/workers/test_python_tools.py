@@ -3,12 +3,15 @@ sent to its call's process group, and its worker serves the next call."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from pathlib import Path
 
 from andon.base import AbortController, ErrorCode, GracePolicy, ManualClock, User
 from andon.supervisor import ToolCallRequest
-from tests.workers.pytools import registry
+from tests.support import fifo_in
+from tests.workers.pytools import more_tools, registry
 from tests.workers.support import running_pool, start
 
 
@@ -53,16 +56,20 @@ async def test_python_tool_ignoring_its_signal_is_stopped_at_term_and_its_worker
         assert int(nxt.content) not in (call_pid, *before.values())
 
 
-async def test_python_tool_kill_stage_when_term_is_not_enough() -> None:
+async def test_python_tool_kill_stage_when_term_is_not_enough(tmp_path: Path) -> None:
     clock = ManualClock()
-    # term_after=inf never sends SIGTERM: force jumps straight to SIGKILL of the call's group.
+    # term_after=inf: only force escalates, sending SIGTERM and SIGKILL to the call's group at
+    # once. The tool ignores SIGTERM, so only the KILL ends it.
     grace = GracePolicy(term_after=float("inf"), kill_after=1.0)
-    async with running_pool("subreaper", registry=registry(), clock=clock, grace=grace) as (
+    fifo = fifo_in(tmp_path)
+    async with running_pool("subreaper", registry=more_tools(), clock=clock, grace=grace) as (
         _,
         executor,
     ):
-        task, rec, controller = await start(executor, call("c1-1-1", "stubborn_sync", seconds=120))
-        await rec.wait_until(lambda: rec.started is not None)
+        task, rec, controller = await start(
+            executor, call("c1-1-1", "leaves_things", mode="ignore", ready=str(fifo))
+        )
+        assert await asyncio.to_thread(fifo.read_text) == "deaf\n"
         controller.abort(User())
         await rec.wait_stage("interrupt")
         executor.force()
