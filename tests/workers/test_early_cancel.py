@@ -62,7 +62,7 @@ async def _one(
     )
     if moment == "early":
         for _ in range(turns):
-            await asyncio.sleep(0)  # one event-loop turn each: an ordering, not a delay
+            await asyncio.sleep(0)  # sleep-ok: one event-loop turn each, an ordering not a delay
         controller.abort(User())
     return await task, rec.stages
 

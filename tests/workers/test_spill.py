@@ -88,10 +88,11 @@ class _RssWatch(Recorder):
         self.worker = 0
         self.peak = (0, 0)
         self.chunks = 0
+        self.total = 0
 
     def on_output(self, call_id: str, data: bytes) -> None:
         self.chunks += 1
-        self.total = getattr(self, "total", 0) + len(data)
+        self.total += len(data)
         if self.chunks % 256 == 0 and self.worker:
             self.peak = (max(self.peak[0], _rss(self.worker)), max(self.peak[1], _rss(os.getpid())))
         self._poke()
@@ -125,7 +126,7 @@ async def test_a_flood_can_be_cancelled_mid_flight(tmp_path: Path) -> None:
                 bash("c1-1-1", f"head -c {8 * GIB} /dev/zero"), controller.signal, watch
             )
         )
-        await watch.wait_until(lambda: getattr(watch, "total", 0) > 64 * 1024 * 1024)
+        await watch.wait_until(lambda: watch.total > 64 * 1024 * 1024)
         controller.abort(User())
         outcome = await task
     assert outcome.ended_by == "interrupt"

@@ -17,6 +17,7 @@ from andon.protocol._framing import (
     send_routed_sync,
 )
 from andon.protocol._messages import (
+    CANCEL_STAGES,
     OUTPUT_WINDOW,
     PROTOCOL_VERSION,
     Ack,
@@ -43,6 +44,7 @@ from andon.protocol._messages import (
 )
 
 __all__ = [
+    "CANCEL_STAGES",
     "DEFAULT_MAX_BYTES",
     "MAX_JSON_DEPTH",
     "MESSAGE_TYPES",

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Final, Literal
 from andon.base import ErrorCode, GracePolicy
 
 __all__ = [
+    "CANCEL_STAGES",
     "OUTPUT_WINDOW",
     "PROTOCOL_VERSION",
     "Ack",
@@ -65,6 +66,8 @@ PROTOCOL_VERSION: Final = 3
 Containment = Literal["cgroup", "subreaper", "pgroup"]
 Stream = Literal["stdout", "stderr"]
 CancelStage = Literal["interrupt", "term", "kill"]
+CANCEL_STAGES: Final[tuple[CancelStage, ...]] = ("interrupt", "term", "kill")
+"""The stages in the order a stop sends them; a later one supersedes an earlier one."""
 SignalStage = Literal["interrupt", "term", "kill", "sweep-term", "sweep-kill"]
 EndedBy = Literal[
     "exit",

@@ -239,12 +239,11 @@ class _RunningCall:
         self.timeout = executor.timeout_for(tool, arguments)
         self.queue: asyncio.Queue[object] = lease.messages
         self.clock = executor.clock
-        self._t0 = 0.0  # when the run was sent, on the executor's clock
+        self.t0 = 0.0  # when the run was sent, on the executor's clock
         self.timeline: Timeline = Running(0.0, self.timeout)
         self.result_received = False
         self.started: Started | None = None
-        self.consumed = 0  # output bytes spilled so far
-        self.acked = 0  # what the worker was last told of it
+        self.acked = 0  # output bytes consumed, as the worker was last told
         self.spill = Spill(
             executor.session_dir,
             request.call_id,
@@ -256,10 +255,6 @@ class _RunningCall:
     @property
     def python(self) -> bool:
         return self.tool.kind == "python"
-
-    @property
-    def t0(self) -> float:
-        return self._t0
 
     @property
     def stop(self) -> Stopping | None:
@@ -288,8 +283,8 @@ class _RunningCall:
                 env_add=env_add,
                 env_remove=self.ex.env_remove,
             )
-            self._t0 = self.clock.monotonic()
-            self.timeline = Running(self._t0, self.timeout)
+            self.t0 = self.clock.monotonic()
+            self.timeline = Running(self.t0, self.timeout)
             await self.lease.send(run)  # from here on the call counts as started
             self._schedule()
             while True:
@@ -316,9 +311,9 @@ class _RunningCall:
                 self.spill.add(item.data)
                 self.observer.on_output(item.call_id, item.data)
                 # Consumed: move the worker's window on (a quarter at a time, not per chunk).
-                self.consumed = item.offset + len(item.data)
-                if self.consumed - self.acked >= OUTPUT_WINDOW // 4:
-                    self.acked = self.consumed
+                consumed = item.offset + len(item.data)
+                if consumed - self.acked >= OUTPUT_WINDOW // 4:
+                    self.acked = consumed
                     await self.lease.send(Ack(call_id=self.request.call_id, offset=self.acked))
             case Signalled():
                 self.observer.on_signal(item.call_id, item.stage, item.at, item.targets)

@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from andon.base import Cause, GracePolicy, Timeout
-from andon.protocol import CancelStage
+from andon.protocol import CANCEL_STAGES, CancelStage
 from andon.supervisor._outcome import StageMark
 
 __all__ = ["STAGES", "Lost", "Running", "Stopping", "Timeline", "Why"]
 
-STAGES: tuple[CancelStage, ...] = ("interrupt", "term", "kill")
+STAGES = CANCEL_STAGES
 Why = Literal["abort", "timeout"]
 
 

@@ -25,13 +25,14 @@ import os
 import signal as _signal
 import subprocess
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 from andon.base import Cause, ErrorCode, User, cause_from_dict
 from andon.base import procs as _procs
 from andon.protocol import (
+    CANCEL_STAGES,
     OUTPUT_WINDOW,
     Cancel,
     CancelStage,
@@ -60,9 +61,6 @@ _PIPE_SIZE = 1024 * 1024
 TAG_VAR = _procs.TAG_VAR
 
 Send = Callable[[Message], Coroutine[Any, Any, None]]
-
-
-_STAGE_ORDER: dict[CancelStage, int] = {"interrupt": 0, "term": 1, "kill": 2}
 
 
 class CallContext:
@@ -126,15 +124,13 @@ class CallContext:
         if self.procs is None:
             # Not spawned yet (being validated, or waiting for its task to run): remember the
             # strongest stage; the spawn checks it and does not start the tool.
-            if self.requested is None or _STAGE_ORDER[stage] > _STAGE_ORDER[self.requested]:
-                self.requested = stage
+            self.requested = _later(self.requested, stage)
             return
         if self.call_process is not None and stage == "interrupt":
             # A Python tool's cooperative stop: its signal aborts, with the real cause.
             delivered = self.call_process.cancel(self.cause or User())
             self._report(stage, 1 if delivered else 0)
-            if self.last_stage is None:
-                self.last_stage = stage
+            self.last_stage = _later(self.last_stage, stage)
             return
         # Once the leader is reaped the call is over and its sweep stops what is left; only a
         # KILL (force) still acts at once. ``pinned`` (not "the wait has returned") is the test:
@@ -151,8 +147,7 @@ class CallContext:
             self._signal(stage, _signal.SIGTERM, group_only=True)
         else:
             self._signal(stage, _signal.SIGKILL, group_only=False)
-        if self.last_stage is None or _STAGE_ORDER[stage] > _STAGE_ORDER[self.last_stage]:
-            self.last_stage = stage
+        self.last_stage = _later(self.last_stage, stage)
 
     def _signal(self, stage: SignalStage, sig: int, *, group_only: bool) -> int:
         assert self.procs is not None
@@ -185,6 +180,13 @@ class CallContext:
         if self.mode == "cgroup" and self.cgroups is not None:
             return self.cgroups.leaf(f"call-{self.run.tag}")
         return None
+
+
+def _later(current: CancelStage | None, stage: CancelStage) -> CancelStage:
+    """The later of two stages (stages never go back)."""
+    if current is None or CANCEL_STAGES.index(stage) > CANCEL_STAGES.index(current):
+        return stage
+    return current
 
 
 def _cause_of(msg: Cancel) -> Cause | None:
@@ -263,27 +265,19 @@ def tool_environment(run: Run) -> dict[str, str]:
     return env
 
 
-def _entering(
-    ctx: CallContext, call_cgroup: Path | None
-) -> tuple[Callable[[], None] | None, Callable[[], None] | None]:
-    """Move the worker into the call's cgroup around a spawn, and back, so the tool is inside
-    from its first instruction (no preexec_fn, no race with its first forks)."""
+@contextlib.contextmanager
+def _inside(ctx: CallContext, call_cgroup: Path | None) -> Iterator[None]:
+    """Keep the worker in the call's cgroup for the spawn, then step back to its own leaf, so
+    the tool is inside from its first instruction (no preexec_fn, no race with its first forks)."""
     if call_cgroup is None:
-        return None, None
-    back = ctx.worker_cgroup
-
-    def enter() -> None:
-        CgroupTree.enter(call_cgroup)
-
-    def leave() -> None:
-        if back is not None:
-            CgroupTree.enter(back)
-
-    return enter, leave
-
-
-def _spawn_failed(ctx: CallContext, message: str) -> Result:
-    return _not_run(ctx, ErrorCode.TOOL_ERROR, message)
+        yield
+        return
+    CgroupTree.enter(call_cgroup)
+    try:
+        yield
+    finally:
+        if ctx.worker_cgroup is not None:
+            CgroupTree.enter(ctx.worker_cgroup)
 
 
 async def _announce(ctx: CallContext, pid: int, call_cgroup: Path | None) -> None:
@@ -322,10 +316,7 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
     call_cgroup: Path | None = None
     try:
         call_cgroup = ctx.call_cgroup()
-        enter, leave = _entering(ctx, call_cgroup)
-        if enter is not None:
-            enter()
-        try:
+        with _inside(ctx, call_cgroup):
             popen = subprocess.Popen(
                 ["bash", "-c", command],
                 stdin=subprocess.DEVNULL,
@@ -336,9 +327,6 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
                 start_new_session=True,
                 close_fds=True,
             )
-        finally:
-            if leave is not None:
-                leave()
     except OSError as e:
         os.close(read_fd)
         os.close(write_fd)
@@ -347,7 +335,7 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
         message = f"could not start bash: {e.strerror or e}"
         if e.errno == errno.ENOENT and not os.path.isdir(cwd):
             message = f"working directory {cwd} does not exist"
-        return _spawn_failed(ctx, message)
+        return _not_run(ctx, ErrorCode.TOOL_ERROR, message)
     os.close(write_fd)
     # A bigger pipe means fewer, larger output messages (each costs a trip through both event
     # loops): 64 KiB pipes capped a flood at ~110 MB/s. Best effort: the limit is the system's.
@@ -397,7 +385,7 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
     ctx.on_ack = resume
     loop.add_reader(read_fd, pump)
     try:
-        status, ended_by, strays, unreachable = await _wait_and_sweep(ctx, pid)
+        status, ended_by, strays = await _wait_and_sweep(ctx, pid)
         popen.returncode = status.code if status.code is not None else -(status.signal or 0)
         if not eof:
             pump(drain=True)  # the writers are gone: take what is left, without waiting
@@ -422,19 +410,17 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
         output_bytes=output.total,
         duration=ctx.elapsed(),
         strays_killed=strays,
-        unreachable=unreachable,
     )
 
 
-async def _wait_and_sweep(ctx: CallContext, pid: int) -> tuple[ExitStatus, EndedBy, int, int]:
-    """Wait for the leader's exit, then sweep what the call left: (status, ended_by, strays,
-    unreachable)."""
-    assert ctx.procs is not None
+async def _wait_and_sweep(ctx: CallContext, pid: int) -> tuple[ExitStatus, EndedBy, int]:
+    """Wait for the leader's exit, then sweep what the call left: (status, ended_by, strays).
+    Every mode reaches what it counts as a member (pgroup mode by the tag), so nothing is left
+    to report as unreachable."""
     status = await ctx.reaper.wait(pid)
     ended_by: EndedBy = ctx.last_stage or "exit"
     strays = await _sweep(ctx)
-    unreachable = len(ctx.procs.unreachable()) if ctx.mode == "pgroup" else 0
-    return status, ended_by, strays, unreachable
+    return status, ended_by, strays
 
 
 async def _sweep(ctx: CallContext) -> int:
@@ -473,19 +459,18 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     call_cgroup: Path | None = None
     try:
         call_cgroup = ctx.call_cgroup()
-        enter, leave = _entering(ctx, call_cgroup)
-        child = spawn_call_process(
-            run, tool, arguments, tool_environment(run), enter=enter, leave=leave
-        )
+        with _inside(ctx, call_cgroup):
+            child = spawn_call_process(run, tool, arguments, tool_environment(run))
     except OSError as e:
         if call_cgroup is not None:
             CgroupTree.remove(call_cgroup)
-        return _spawn_failed(ctx, f"could not start the call process: {e.strerror or e}")
+        message = f"could not start the call process: {e.strerror or e}"
+        return _not_run(ctx, ErrorCode.TOOL_ERROR, message)
     ctx.call_process = child
     child.start_reading(asyncio.get_running_loop())
     try:
         await _announce(ctx, child.pid, call_cgroup)
-        status, ended_by, strays, _ = await _wait_and_sweep(ctx, child.pid)
+        status, ended_by, strays = await _wait_and_sweep(ctx, child.pid)
         outcome = child.take_outcome()
     finally:
         child.close()

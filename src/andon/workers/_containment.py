@@ -1,8 +1,8 @@
 """Containment modes: how a worker makes sure it can find every process a tool call started.
 
 * ``pgroup``: the tool runs in its own session and process group; ``killpg`` reaches every member
-  that stayed in the group. Always available; escapees (``setsid``, double forks) are out of reach
-  and are *reported* as unreachable, never claimed as stopped.
+  that stayed in the group. Always available; escapees (``setsid``, double forks) are found by the
+  call's environment tag (one that also scrubbed its environment is out of reach).
 * ``subreaper``: the worker is also a child subreaper (``PR_SET_CHILD_SUBREAPER``), so orphans
   re-parent to it instead of to init and can be found as its descendants.
 * ``cgroup``: subreaper plus a cgroup v2 leaf per call; the final kill is ``cgroup.kill``, which

@@ -61,6 +61,8 @@ class CallProcesses:
         hide a process while another still names it."""
         if reap:
             self.reaper.reap()
+        if self.mode == "pgroup":
+            return self._pgroup_members(include_zombies)
         if not self.maybe_any():
             return []
         found = {p.pid: p for p in self._cgroup_members()}
@@ -68,29 +70,27 @@ class CallProcesses:
         # process outside the cgroup that is ours is, as a subreaper's, below one of our children.
         if self.cgroup is None or _has_children():
             everything = procs.snapshot()
-            if self.pgid is not None:
-                pinned = self.pinned
-                for p in everything:
-                    if p.pgid != self.pgid:
-                        continue
-                    # A reaped leader's group id may belong to a stranger now: only the tag
-                    # proves a process is still ours (as a subreaper, our descendants come
-                    # below anyway).
-                    if pinned or (
-                        self.mode == "pgroup"
-                        and self.tag is not None
-                        and not p.zombie
-                        and procs.carries(p.pid, self.tag)
-                    ):
-                        found[p.pid] = p
-            if self.mode != "pgroup":
-                for p in procs.descendants(self.worker_pid, everything):
-                    found[p.pid] = p
-            elif self.tag is not None:
-                # Its own scan, repeated while pids are handed out: an escapee that forks and
-                # exits mid-scan must not take its child out of the count.
-                for p in procs.tagged(self.tag, exclude=(self.worker_pid, os.getpid())):
-                    found.setdefault(p.pid, p)
+            if self.pinned:
+                found.update((p.pid, p) for p in everything if p.pgid == self.pgid)
+            # A reaped leader's group id may belong to a stranger now; our descendants are ours.
+            found.update((p.pid, p) for p in procs.descendants(self.worker_pid, everything))
+        found.pop(self.worker_pid, None)
+        found.pop(os.getpid(), None)
+        return [p for p in found.values() if include_zombies or not p.zombie]
+
+    def _pgroup_members(self, include_zombies: bool) -> list[ProcInfo]:
+        """Without a subreaper or a cgroup: the pinned group, and whatever carries the tag (a
+        reaped leader's group id may belong to a stranger now, and an escapee that left the
+        group re-parents to init: only the tag still says a process is ours). The tag scan is
+        the "anything left?" test too, so it runs once, not once more in :meth:`maybe_any`."""
+        found: dict[int, ProcInfo] = {}
+        if self.pinned:
+            found.update((p.pid, p) for p in procs.snapshot() if p.pgid == self.pgid)
+        if self.tag is not None:
+            # Its own scan, repeated while pids are handed out: an escapee that forks and
+            # exits mid-scan must not take its child out of the count.
+            for p in procs.tagged(self.tag, exclude=(self.worker_pid, os.getpid())):
+                found.setdefault(p.pid, p)
         found.pop(self.worker_pid, None)
         found.pop(os.getpid(), None)
         return [p for p in found.values() if include_zombies or not p.zombie]
@@ -184,17 +184,6 @@ class CallProcesses:
                 await _wait_all_exit(members, left)
             else:
                 await self.reaper.wait_change(generation, left)
-
-    def unreachable(self) -> list[ProcInfo]:
-        """Processes carrying the call's tag that are outside what the mode can signal.
-
-        Only meaningful in ``pgroup`` mode, where escapees are reported rather than killed.
-        """
-        if self.tag is None:
-            return []
-        reachable = {p.pid for p in self.members()}
-        exclude = {os.getpid(), self.worker_pid, *reachable}
-        return procs.tagged(self.tag, exclude=exclude)
 
 
 def _has_children() -> bool:

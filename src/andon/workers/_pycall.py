@@ -29,7 +29,6 @@ import os
 import signal as _signal
 import struct
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -121,28 +120,13 @@ class CallProcess:
             self._result_fd = None
 
 
-def spawn(
-    run: Run,
-    tool: Tool,
-    arguments: dict[str, Any],
-    env: dict[str, str],
-    *,
-    enter: Callable[[], None] | None = None,
-    leave: Callable[[], None] | None = None,
-) -> CallProcess:
-    """Fork the call process; ``enter``/``leave`` move the worker into the call's cgroup and back
-    around the fork, so the call process is inside from its first instruction."""
+def spawn(run: Run, tool: Tool, arguments: dict[str, Any], env: dict[str, str]) -> CallProcess:
+    """Fork the call process (the caller puts the worker into the call's cgroup around this, so
+    the call process is inside from its first instruction). Only the worker returns."""
     to_call_r, to_call_w = os.pipe2(os.O_CLOEXEC)
     from_call_r, from_call_w = os.pipe2(os.O_CLOEXEC)
     try:
-        if enter is not None:
-            enter()
-        try:
-            pid = os.fork()
-        except BaseException:
-            if leave is not None:
-                leave()
-            raise
+        pid = os.fork()
     except BaseException:
         for fd in (to_call_r, to_call_w, from_call_r, from_call_w):
             os.close(fd)
@@ -155,8 +139,6 @@ def spawn(
     # stage sent the moment after the fork reaches the whole call.
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
-    if leave is not None:
-        leave()
     os.close(to_call_r)
     os.close(from_call_w)
     return CallProcess(pid, to_call_w, from_call_r)
