@@ -45,6 +45,54 @@ async def test_manual_clock_never_goes_backwards() -> None:
         ManualClock().advance(-1)
 
 
+async def test_manual_clock_timers_fire_in_order_on_the_loop_and_cancel() -> None:
+    clock = ManualClock()
+    fired: list[str] = []
+    done = asyncio.Event()
+    clock.call_at(clock.monotonic() + 3, lambda: fired.append("b"))
+    clock.call_at(clock.monotonic() + 1, lambda: fired.append("a"))
+    gone = clock.call_at(clock.monotonic() + 2, lambda: fired.append("cancelled"))
+    never = clock.call_at(math.inf, lambda: fired.append("never"))
+    assert clock.sleepers == 4
+    gone.cancel()
+    assert clock.sleepers == 3
+    clock.call_at(clock.monotonic() + 3, done.set)
+    clock.advance(5)
+    assert fired == []  # timers run on the loop, never inside advance()
+    await done.wait()
+    assert fired == ["a", "b"]
+    assert clock.sleepers == 1  # the infinite one
+    never.cancel()
+    assert clock.sleepers == 0
+    past = asyncio.Event()
+    clock.call_at(clock.monotonic() - 1, past.set)  # already due: runs at the next loop turn
+    assert not past.is_set()
+    await past.wait()
+
+
+async def test_manual_clock_counts_timers_as_sleepers() -> None:
+    clock = ManualClock()
+    fired = asyncio.Event()
+    waiter = asyncio.create_task(clock.wait_for_sleepers(1))
+    clock.call_at(clock.monotonic() + 1, fired.set)
+    await waiter
+    clock.advance(1)
+    await fired.wait()
+
+
+async def test_system_clock_call_at_fires_and_cancels() -> None:
+    clock = SystemClock()
+    fired = asyncio.Event()
+    cancelled: list[int] = []
+    clock.call_at(clock.monotonic() - 1, fired.set)
+    timer = clock.call_at(clock.monotonic(), lambda: cancelled.append(1))
+    timer.cancel()
+    clock.call_at(math.inf, lambda: cancelled.append(2)).cancel()
+    await fired.wait()
+    await asyncio.sleep(0)  # sleep-ok: one more loop turn, in which the cancelled timer would run
+    assert cancelled == []
+
+
 async def test_system_clock_sleep_zero_returns() -> None:
     clock = SystemClock()
     before = clock.monotonic()

@@ -5,7 +5,7 @@ Imports nothing else of andon.
 
 from andon.base._abort import AbortController, AbortSignal, CallbackHandle, LinkedSignal, any_signal
 from andon.base._causes import Cause, Disposed, Hook, Parent, Timeout, User, cause_from_dict
-from andon.base._clock import Clock, ManualClock, SystemClock
+from andon.base._clock import Clock, ManualClock, SystemClock, Timer
 from andon.base._codes import MODEL_ERROR_CODES, ErrorCode
 from andon.base._errors import (
     Aborted,
@@ -69,6 +69,7 @@ __all__ = [
     "SessionLive",
     "SystemClock",
     "Timeout",
+    "Timer",
     "UnknownMessage",
     "User",
     "VersionMismatch",
