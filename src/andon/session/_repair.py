@@ -134,6 +134,40 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _append_whole_lines(log: Path, records: list[Record]) -> None:
+    """Append ``records`` one write per line, as the live writer does, then fsync.
+
+    Repair killed half way leaves whole records (or a torn last line the next load saves) and
+    nothing worse. Repair *interrupted* (an exception: ``KeyboardInterrupt``, a full disk) does
+    better: it cuts its own partial line off on the way out, so that the next load does not take
+    it for a crash's torn write, save it and count it in ``session/repaired``. Where the line
+    boundaries are is known before the first write, and the file size (we hold the lock and
+    append alone) says which one the writes reached, however the exception split them from
+    their bookkeeping.
+    """
+    lines = [encode_line(record) for record in records]
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            for line in lines:
+                _write_all(fd, line)
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):  # then the next load saves it as a torn tail
+                size = os.fstat(fd).st_size
+                whole = start
+                for line in lines:
+                    if whole + len(line) > size:
+                        break
+                    whole += len(line)
+                if size != whole:
+                    os.ftruncate(fd, whole)
+            raise
+    finally:
+        os.close(fd)
+
+
 def _save_torn_tail(log: Path, torn: TornTail) -> str:
     """Copy the torn bytes beside the log, durably, then cut the log back. Returns the file name."""
     with open(log, "rb") as f:
@@ -202,15 +236,7 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
         )
     appended = [*closers, summary] if summary is not None else closers
     if not dry_run and appended:
-        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            for record in appended:
-                # One write per line, as the live writer does: a repair killed half way leaves
-                # whole records (or a torn last line the next load saves) and nothing worse.
-                _write_all(fd, encode_line(record))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _append_whole_lines(log, appended)
     for record in appended:
         tail.feed(record)
         if keep_events:

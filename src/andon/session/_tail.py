@@ -17,7 +17,7 @@ not reconstructed from its chunks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from andon.base import ErrorCode
@@ -48,16 +48,20 @@ from andon.session._values import ToolCallBlock, ToolErrorInfo, TurnEndReason
 __all__ = ["ClosingTexts", "Dangling", "OpenStep", "Tail", "closing_data"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class OpenStep:
-    """The open step and the tool calls that still owe a result."""
+    """The open step and the tool calls that still owe a result.
+
+    A value: :meth:`Tail.feed` replaces it, never changes it (nor its containers) in place, so
+    two tails can share one and a tail is copied shallowly (:meth:`Tail.fed`).
+    """
 
     turn: int
     step: int
     requested: tuple[ToolCallBlock, ...] = ()
     calls: dict[str, ToolCall] = field(default_factory=dict)
-    started: dict[str, list[ToolStarted]] = field(default_factory=dict)
-    answered: set[str] = field(default_factory=set)
+    started: dict[str, tuple[ToolStarted, ...]] = field(default_factory=dict)
+    answered: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,22 @@ class Tail:
         """No open turn and no open step."""
         return self.open_turn is None and self.step is None
 
+    def fed(self, record: Record) -> Tail:
+        """A new tail: this one with ``record`` fed, this one left exactly as it was.
+
+        The live writer computes the tail after an append this way before it writes, so that
+        committing the append is one attribute store (see ``SessionLog``).
+        """
+        new = Tail()
+        # Every slot holds a value feeding replaces, never changes (the open step included).
+        new.last_time = self.last_time
+        new.last_turn = self.last_turn
+        new.open_turn = self.open_turn
+        new.step = self.step
+        new.session_id = self.session_id
+        new.feed(record)  # sets next_seq
+        return new
+
     def feed(self, record: Record) -> None:
         self.next_seq = record.seq + 1
         self.last_time = record.time
@@ -113,16 +133,17 @@ class Tail:
                 # Only the step's last reply counts (records.md); an interrupted prefix asks for
                 # nothing, whatever it holds.
                 if step is not None and not interrupted:
-                    step.requested = reply.tool_calls
+                    self.step = replace(step, requested=reply.tool_calls)
             case ToolCall(call_id=call_id) as call:
                 if step is not None:
-                    step.calls[call_id] = call
+                    self.step = replace(step, calls={**step.calls, call_id: call})
             case ToolStarted(call_id=call_id) as started:
                 if step is not None:
-                    step.started.setdefault(call_id, []).append(started)
+                    runs = (*step.started.get(call_id, ()), started)
+                    self.step = replace(step, started={**step.started, call_id: runs})
             case ToolResult(call_id=call_id):
                 if step is not None:
-                    step.answered.add(call_id)
+                    self.step = replace(step, answered=step.answered | {call_id})
             case SessionStart(session_id=session_id):
                 self.session_id = session_id
             case (

@@ -17,15 +17,24 @@ A failed append (ENOSPC, EIO, EFBIG ...) is never ignored: the file is cut back 
 last whole record (a short write must not leave half a line that later records would turn into
 corruption), the open step and turn are closed once with ``LOG_WRITE_FAILED`` (if the disk allows),
 and every later append raises ``LogWriteFailed``.
+
+An append is also atomic against asynchronous exceptions: a ``KeyboardInterrupt`` (or whatever a
+signal handler raises) can land between any two bytecodes of it, in a program that embeds andon
+without the CLI's signal handlers. Once ``append`` has returned or raised, either the record is
+whole in the file and the writer counts it, or none of it is in the file and the writer is as it
+was; never a seq handed out twice, never half a line left for the next one to turn into
+corruption. How: ``SessionLog._append_record``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, TypeAlias
@@ -38,7 +47,7 @@ from andon.session._repair import LoadedSession, RepairReport, repair_children, 
 from andon.session._tail import ClosingTexts, Tail, closing_data
 from andon.session._values import TurnFailed
 
-__all__ = ["Durability", "FsyncFn", "SessionLog", "WriteFn"]
+__all__ = ["Durability", "FsyncFn", "ProbeFn", "SessionLog", "WriteFn"]
 
 Durability: TypeAlias = Literal["barrier", "every-record", "none"]
 _DURABILITIES = ("barrier", "every-record", "none")
@@ -47,6 +56,15 @@ WriteFn: TypeAlias = Callable[[int, bytes], int]
 """The file seam: ``write(fd, data) -> bytes written`` (``os.write``); tests inject faults here."""
 FsyncFn: TypeAlias = Callable[[int], None]
 """``fsync(fd)`` (``os.fsync``)."""
+ProbeFn: TypeAlias = Callable[[str], None]
+"""A test seam called at each named point of an append (``SessionLog._append_record``) and of its
+mending (``SessionLog._reconcile``); a test raises ``KeyboardInterrupt`` from it to land an
+interrupt exactly there. Production passes none."""
+
+
+def _no_probe(point: str) -> None:
+    pass
+
 
 WRITE_FAILURE_TEXTS = ClosingTexts(
     error_name="LogWriteFailed",
@@ -70,16 +88,17 @@ WRITE_FAILURE_TEXTS = ClosingTexts(
 class _Syncer:
     """The one background thread that fsyncs the log, batching every request made meanwhile.
 
-    Progress is counted in appended lines: ``written`` is set by the appending thread after each
-    write returns; a sync started after reading ``written == n`` covers the first ``n`` lines.
+    Progress is counted in appended lines: ``written()`` is how many whole lines the writer has
+    committed (never more than the file holds); a sync started after reading ``written() == n``
+    covers the first ``n`` lines.
     """
 
-    def __init__(self, fd: int, fsync: FsyncFn, name: str) -> None:
+    def __init__(self, fd: int, fsync: FsyncFn, name: str, written: Callable[[], int]) -> None:
         self._fd = fd
         self._fsync = fsync
         self._name = name
         self._cond = threading.Condition()
-        self.written = 0
+        self._written = written
         self._requested = 0
         self._synced = 0
         self._error: OSError | None = None
@@ -122,7 +141,7 @@ class _Syncer:
                     self._cond.wait()
                 if self._requested <= self._synced:
                     return  # stopping and nothing owed
-                target = self.written  # >= every request made so far
+                target = self._written()  # >= every request made so far
             error: OSError | None = None
             try:
                 self._fsync(self._fd)
@@ -138,18 +157,31 @@ class _Syncer:
                     self._waiters = [w for w in self._waiters if w[0] > self._synced]
             for _, loop, fut in done:
                 with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                    loop.call_soon_threadsafe(_settle, fut, error)
+                    loop.call_soon_threadsafe(_settle_future, fut, error)
             if error is not None:
                 return
 
 
-def _settle(fut: asyncio.Future[None], error: OSError | None) -> None:
+def _settle_future(fut: asyncio.Future[None], error: OSError | None) -> None:
     if fut.done():  # the waiter was cancelled
         return
     if error is None:
         fut.set_result(None)
     else:
         fut.set_exception(error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """What the writer knows of its file. Replaced whole, never changed in place (its tail is
+    never fed once it is in a mark), so that committing an append is one attribute store."""
+
+    end: int
+    """Byte offset just past the last whole record: where a failure cuts back to."""
+    lines: int
+    """Whole records this writer appended: the sync thread's progress counter."""
+    tail: Tail
+    """The fold of every record up to ``end``."""
 
 
 class SessionLog:
@@ -173,6 +205,7 @@ class SessionLog:
         write: WriteFn,
         fsync: FsyncFn,
         loaded: LoadedSession,
+        probe: ProbeFn | None = None,
     ) -> None:
         self.session_dir = folder
         self.path = folder / LOG_NAME
@@ -180,15 +213,16 @@ class SessionLog:
         self.loaded = loaded
         self._lock = lock
         self._fd = fd
-        self._tail = tail
-        self._end = end  # byte offset just past the last whole record: where a failure cuts back to
+        self._mark = _Mark(end, 0, tail)
+        self._inflight: _Mark | None = None  # the mark of an append whose write may have begun
         self._clock = clock
         self._write = write
         self._fsync = fsync
+        self._probe = probe or _no_probe
         self._mutex = threading.RLock()
         self._failure: OSError | None = None
         self._closed = False
-        self._syncer = _Syncer(fd, fsync, f"andon-fsync-{folder.name}")
+        self._syncer = _Syncer(fd, fsync, f"andon-fsync-{folder.name}", self._lines)
 
     @classmethod
     def open(
@@ -199,6 +233,7 @@ class SessionLog:
         clock: Clock | None = None,
         write: WriteFn = os.write,
         fsync: FsyncFn = os.fsync,
+        probe: ProbeFn | None = None,
     ) -> SessionLog:
         """Take the session lock and open the log for appending (creating folder and log).
 
@@ -241,45 +276,56 @@ class SessionLog:
                     finally:
                         os.close(dir_fd)
                 end = os.fstat(fd).st_size
+                # Built inside the try: an interrupt landing here must not leak the lock.
+                return cls(
+                    folder=folder,
+                    lock=lock,
+                    fd=fd,
+                    tail=tail,
+                    end=end,
+                    durability=durability,
+                    clock=clock,
+                    write=write,
+                    fsync=fsync,
+                    loaded=loaded,
+                    probe=probe,
+                )
             except BaseException:
                 os.close(fd)
                 raise
         except BaseException:
             lock.release()
             raise
-        return cls(
-            folder=folder,
-            lock=lock,
-            fd=fd,
-            tail=tail,
-            end=end,
-            durability=durability,
-            clock=clock,
-            write=write,
-            fsync=fsync,
-            loaded=loaded,
-        )
 
     # --- state ------------------------------------------------------------------------------
+
+    def _current(self) -> Tail:
+        if self._inflight is not None:  # an interrupted append: the file says what happened
+            with self._mutex:
+                self._settle()
+        return self._mark.tail
+
+    def _lines(self) -> int:
+        return self._mark.lines
 
     @property
     def next_seq(self) -> int:
         """The seq the next append gets."""
-        return self._tail.next_seq
+        return self._current().next_seq
 
     @property
     def last_turn(self) -> int:
         """The highest turn number started so far (0 before the first turn)."""
-        return self._tail.last_turn
+        return self._current().last_turn
 
     @property
     def open_turn(self) -> int | None:
-        return self._tail.open_turn
+        return self._current().open_turn
 
     @property
     def open_step(self) -> tuple[int, int] | None:
         """``(turn, step)`` of the open step, if any."""
-        step = self._tail.step
+        step = self._current().step
         return None if step is None else (step.turn, step.step)
 
     @property
@@ -297,14 +343,17 @@ class SessionLog:
         """Append one record and return it (with its seq and time) once the kernel has it.
 
         Raises ``LogWriteFailed`` if the write fails (or an earlier one did) and ``ValueError``
-        for a record that cannot be written (NaN, invalid text; nothing is written then).
+        for a record that cannot be written (NaN, invalid text; nothing is written then). If an
+        asynchronous exception (``KeyboardInterrupt``) cuts it short, the record is either whole
+        in the log and counted, or not in the log at all; :attr:`next_seq` says which.
         """
         with self._mutex:
+            self._settle()  # an earlier append an interrupt cut short (normally nothing to do)
             if self._failure is not None:
                 raise self._refusal() from self._failure
             if self._closed:
                 raise SessionError("the session log is closed", session=str(self.session_dir))
-            seq = self._tail.next_seq
+            seq = self._mark.tail.next_seq
             if seq == 0 and not isinstance(data, SessionStart):
                 raise ValueError("the first record of a session must be session/start")
             if isinstance(data, Unrecognized) and not ignorable:
@@ -312,59 +361,131 @@ class SessionLog:
             record = Record(seq, self._clock.time(), data, None, ignorable)
             line = encode_line(record)
             try:
-                self._write_line(line)
+                self._append_record(record, line, sync=self.durability == "every-record")
             except OSError as exc:
-                self._fail(exc, cut=True)
+                self._fail(exc)
                 raise self._refusal() from exc
-            self._committed(record, len(line))
-            if self.durability == "every-record":
-                try:
-                    self._fsync(self._fd)
-                except OSError as exc:
-                    self._fail(exc, cut=False)
-                    raise self._refusal() from exc
+            finally:
+                # Something is in flight only if an asynchronous exception cut the append (or its
+                # failure handling) short: mend it now, so that no partial line outlives append
+                # even if nothing follows. A second interrupt in here is mended by the next call.
+                self._settle()
             return record
+
+    def _append_record(self, record: Record, line: bytes, *, sync: bool) -> None:
+        """Write one encoded record (and ``fsync`` it if ``sync``), then commit it to the state.
+
+        Atomic against asynchronous exceptions. A signal handler's exception surfaces between
+        two bytecodes, so it can split the write syscall from its bookkeeping, and no Python code
+        can prevent that (masking the signal in this thread does not stop another thread's
+        delivery from interrupting this one). So the bookkeeping is made not to need protecting:
+
+        * everything the append changes in memory is computed first, into a new :class:`_Mark`
+          (``after``); nothing shared is touched until ``_inflight = after`` says a write may
+          have begun;
+        * the commit is the single store ``_mark = after``: an interrupt lands before it or after
+          it, never inside;
+        * between the two stores the file itself says how far the write got: this writer is the
+          only one appending (the session lock; ``O_APPEND``), so the file is exactly
+          ``before.end`` bytes (nothing written), ``after.end`` (the whole line), or in between
+          (part of it). ``_reconcile`` reads that and commits or cuts back; it is idempotent, so
+          an interrupt inside it is mended by running it again, which every entry point does.
+
+        In ``"every-record"`` mode the fsync comes before the commit, so every committed record
+        is synced; a whole line found uncommitted is synced by ``_reconcile`` before it counts.
+        """
+        before = self._mark
+        after = _Mark(before.end + len(line), before.lines + 1, before.tail.fed(record))
+        self._probe("prepared")
+        self._inflight = after
+        self._probe("in-flight")
+        self._write_line(line)
+        self._probe("written")
+        if sync:
+            self._fsync(self._fd)
+            self._probe("synced")
+        self._mark = after  # the commit point
+        self._probe("committed")
+        self._inflight = None
+        self._probe("settled")
 
     def _write_line(self, line: bytes) -> None:
         # Normally exactly one write. A short write only happens at a limit (disk full, file size
-        # limit); writing the rest then either completes the line or raises the real error.
+        # limit); writing the rest then either completes the line or raises the real error. Any
+        # exception ends the loop, so no byte is ever written twice.
         written = self._write(self._fd, line)
         while written < len(line):
             if written <= 0:
-                raise OSError(5, "the write made no progress")  # EIO
+                raise OSError(errno.EIO, "the write made no progress")
+            self._probe("partly-written")
             written += self._write(self._fd, line[written:])
 
-    def _committed(self, record: Record, size: int) -> None:
-        self._end += size
-        self._tail.feed(record)
-        self._syncer.written += 1
+    def _reconcile(self, *, sync: bool) -> None:
+        """Make the state agree with the file after an append that did not finish.
 
-    def _fail(self, exc: OSError, *, cut: bool) -> None:
+        A whole line stands (the kernel has it; a reader may have seen it) and is committed,
+        synced first if ``sync``; part of a line was never acknowledged and is cut off. Raises
+        ``OSError`` if the file cannot be read, cut or synced, or has a size no append of ours
+        explains. Idempotent (see ``_append_record``).
+        """
+        after = self._inflight
+        if after is None:
+            return
+        before = self._mark
+        if before is not after:
+            size = os.fstat(self._fd).st_size
+            self._probe("reconcile-sized")
+            if size == after.end:
+                if sync:
+                    self._fsync(self._fd)
+                self._mark = after
+                self._probe("reconcile-committed")
+            elif before.end < size < after.end:
+                os.ftruncate(self._fd, before.end)
+                self._probe("reconcile-cut")
+            elif size != before.end:
+                raise OSError(
+                    errno.EIO,
+                    f"the log is {size} bytes where this writer expected {before.end} or "
+                    f"{after.end}: something else changed it",
+                )
+        self._inflight = None
+
+    def _settle(self) -> None:
+        """Finish an append that an asynchronous exception cut short, if there is one."""
+        if self._inflight is None:
+            return
+        try:
+            self._reconcile(sync=self.durability == "every-record")
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
         """Record the failure, cut off any partial line, and close the open step and turn once."""
         if self._failure is not None:
             return
         self._failure = exc
-        if cut:
-            try:
-                os.ftruncate(self._fd, self._end)
-            except OSError:
-                # Cannot remove the partial line: appending closers after it would turn a torn
-                # tail (which load repairs) into corruption (which load refuses). Stop here.
-                return
+        try:
+            # The failed append's line, if any: kept if whole (then its fsync is what failed),
+            # cut off if not.
+            self._reconcile(sync=False)
+        except OSError:
+            # Cannot tell where the log ends, or cannot remove the partial line: appending closers
+            # after it would turn a torn tail (which load repairs) into corruption (which load
+            # refuses). Stop here.
+            return
         reason = TurnFailed(
             f"writing the session log failed: {exc.strerror or exc}",
             ErrorCode.LOG_WRITE_FAILED.value,
         )
-        for data in closing_data(self._tail, reason, WRITE_FAILURE_TEXTS):
-            record = Record(self._tail.next_seq, self._clock.time(), data)
-            line = encode_line(record)
+        for data in closing_data(self._mark.tail, reason, WRITE_FAILURE_TEXTS):
+            record = Record(self._mark.tail.next_seq, self._clock.time(), data)
             try:
-                self._write_line(line)
+                self._append_record(record, encode_line(record), sync=False)
             except OSError:
                 with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd, self._end)
+                    self._reconcile(sync=False)
                 return  # tried once; crash repair closes the rest on the next load
-            self._committed(record, len(line))
         if self.durability != "none":
             with contextlib.suppress(OSError):
                 self._fsync(self._fd)
@@ -388,15 +509,18 @@ class SessionLog:
         In ``"every-record"`` mode everything already is; in ``"none"`` mode nothing is waited
         for. Raises ``LogWriteFailed`` if the sync (or an earlier append) failed.
         """
+        if self._inflight is not None:
+            with self._mutex:
+                self._settle()
         if self._failure is not None:
             raise self._refusal() from self._failure
         if self.durability != "barrier" or self._closed:
             return
         try:
-            await self._syncer.wait(self._syncer.written)
+            await self._syncer.wait(self._mark.lines)
         except OSError as exc:
             with self._mutex:
-                self._fail(exc, cut=False)
+                self._fail(exc)
             raise self._refusal() from exc
 
     def close(self) -> None:
@@ -408,6 +532,7 @@ class SessionLog:
         with self._mutex:
             if self._closed:
                 return
+            self._settle()  # no partial line of an interrupted append outlives the writer
             self._closed = True
         error: OSError | None = None
         try:
@@ -419,8 +544,10 @@ class SessionLog:
                     error = exc
                     self._failure = exc
         finally:
-            os.close(self._fd)
-            self._lock.release()
+            try:
+                os.close(self._fd)
+            finally:
+                self._lock.release()
         if error is not None:
             raise self._refusal() from error
 
