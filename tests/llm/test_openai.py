@@ -11,7 +11,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -21,8 +21,10 @@ from andon.base import (
     Aborted,
     AbortSignal,
     ErrorCode,
+    ManualClock,
     ModelError,
     SystemClock,
+    Timer,
     User,
 )
 from andon.llm import (
@@ -140,21 +142,23 @@ class Consumer:
         return self.ended_at - started
 
 
-class SleepWatch(SystemClock):
-    """The real clock, telling a test when a sleep of a given length has begun."""
+class TimerWatch(SystemClock):
+    """The real clock, telling a test when a timer of a given length has been set (the adapter
+    waits with ``call_at`` timers, never with sleeping tasks)."""
 
     def __init__(self) -> None:
-        self.sleeps: list[float] = []
+        self.timers: list[float] = []
         self._changed: asyncio.Event | None = None
 
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
+    def call_at(self, when: float, fn: Callable[[], object]) -> Timer:
+        self.timers.append(when - self.monotonic())
         if self._changed is not None:
             self._changed.set()
-        await super().sleep(seconds)  # sleep-ok: this is the clock the adapter sleeps on
+        return super().call_at(when, fn)
 
-    async def wait_for_sleep(self, seconds: float) -> None:
-        while seconds not in self.sleeps:
+    async def wait_for_timer(self, seconds: float) -> None:
+        # Within a second: the delay is read back from an absolute deadline on a moving clock.
+        while not any(abs(t - seconds) < 1.0 for t in self.timers):
             self._changed = asyncio.Event()
             await self._changed.wait()
 
@@ -348,6 +352,105 @@ async def test_total_timeout_ends_a_slow_stream() -> None:
         error = await failure(model)
     assert error.code == ErrorCode.TIMEOUT
     assert "total timeout" in error.message
+
+
+class PacedServer:
+    """A real HTTP server on the test's own loop that answers one request with an event stream
+    and sends the next SSE block only when the test calls :meth:`send` — the test, not a timer,
+    decides when data arrives (MockModelServer's pacing is real time)."""
+
+    def __init__(self) -> None:
+        self._blocks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.requested = asyncio.Event()
+        self._ended = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
+
+    def send(self, payload: dict[str, Any]) -> None:
+        self._blocks.put_nowait(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+    async def __aenter__(self) -> PacedServer:
+        self._server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        if self.requested.is_set():
+            self._blocks.put_nowait(None)  # ends the one answer
+            await self._ended.wait()
+        await self._server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+            length = int(head.split("content-length:")[1].split("\r\n")[0])
+            await reader.readexactly(length)
+            self.requested.set()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            while (block := await self._blocks.get()) is not None:
+                writer.write(b"%x\r\n%s\r\n" % (len(block), block))
+                await writer.drain()
+        except ConnectionError:
+            pass  # the adapter closed the response (the timeout under test)
+        finally:
+            writer.close()
+            self._ended.set()
+
+
+async def test_the_watchdog_is_a_timer_on_the_clock_not_a_task() -> None:
+    clock = ManualClock()
+    replies = [{"stall_after_chunks": 0}, {"text": "ok"}]
+    no_wait = RetryPolicy(base_delay=0.0, max_delay=0.0)  # the retry needs no clock time
+    options = {"clock": clock, "first_content_timeout": 5.0, "retry_policy": no_wait}
+    async with MockModelServer(replies) as server, adapter(server, **options) as model:
+        before = asyncio.all_tasks()
+        consumer = Consumer(model)
+        await server.wait_for_requests(1)
+        await clock.wait_for_sleepers(1)  # the first-content deadline
+        # The consumer and the attempt's one reader task; the deadline has no task of its own.
+        assert len(asyncio.all_tasks() - before) == 2
+        clock.advance(5.0)
+        await consumer.task
+        assert consumer.chunks == [TextDelta("ok"), Finish("stop")]
+        assert consumer.attempts.codes == [None, ErrorCode.TIMEOUT]
+        assert clock.sleepers == 0  # the second attempt's deadline went with it
+
+
+async def test_the_idle_watchdog_waits_again_when_data_moved_its_deadline() -> None:
+    clock = ManualClock()
+    async with (
+        PacedServer() as server,
+        OpenAICompatible(
+            server.base_url, "m", api_key_env=None, clock=clock, idle_timeout=10.0
+        ) as model,
+    ):
+        consumer = Consumer(model)
+        await server.requested.wait()
+        server.send(_chunk({"content": "ab"}))
+        await consumer.wait_for_chunks(1)  # data at t=0: the idle deadline is t=10
+        clock.advance(6.0)
+        server.send(_chunk({"content": "cd"}))
+        await consumer.wait_for_chunks(2)  # data at t=6: the deadline moved to t=16
+        clock.advance(4.0)  # the timer set for t=10 fires and finds the deadline later ...
+        await clock.wait_for_sleepers(1)  # ... so it waits again instead of timing out
+        assert consumer.error is None and not consumer.task.done()
+        clock.advance(5.0)
+        assert clock.sleepers == 1 and not consumer.task.done()
+        clock.advance(1.0)
+        await consumer.task
+    assert isinstance(consumer.error, ModelError)
+    assert consumer.error.code == ErrorCode.TIMEOUT
+    assert "idle timeout" in consumer.error.message
+    assert consumer.chunks == [TextDelta("ab"), TextDelta("cd")]
+    assert consumer.attempts.codes == [None]  # data had streamed: not retried
 
 
 # --- errors inside the stream ---------------------------------------------------------------------
@@ -570,11 +673,11 @@ async def test_abort_while_waiting_for_headers() -> None:
 
 
 async def test_abort_during_backoff() -> None:
-    clock = SleepWatch()
+    clock = TimerWatch()
     replies = [{"error": {"status": 429, "retry_after": 30}}, {"text": "unused"}]
     async with MockModelServer(replies) as server, adapter(server, clock=clock) as model:
         consumer = Consumer(model)
-        await clock.wait_for_sleep(30)
+        await clock.wait_for_timer(30)
         elapsed = await consumer.abort_and_time()
         assert isinstance(consumer.error, Aborted)
         assert elapsed < GENEROUS

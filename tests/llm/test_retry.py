@@ -212,3 +212,44 @@ async def test_cancelling_the_caller_is_not_turned_into_an_abort() -> None:
         await task
     assert clock.sleepers == 0
     assert not controller.signal._callbacks
+
+
+async def test_abortable_sleep_creates_no_task() -> None:
+    clock = ManualClock()
+    controller = AbortController()
+    before = asyncio.all_tasks()
+    sleeping = asyncio.create_task(abortable_sleep(clock, 5.0, controller.signal))
+    await clock.wait_for_sleepers(1)
+    # Only the sleeping caller itself: the wait is a timer and a future, not a helper task.
+    assert asyncio.all_tasks() - before == {sleeping}
+    clock.advance(5.0)
+    await sleeping
+    assert clock.sleepers == 0
+    assert not controller.signal._callbacks
+
+
+async def test_abort_wins_when_it_fires_in_the_same_loop_iteration_as_the_timer() -> None:
+    clock = ManualClock()
+    controller = AbortController()
+    sleeping = asyncio.create_task(abortable_sleep(clock, 2.0, controller.signal))
+    await clock.wait_for_sleepers(1)
+    clock.advance(2.0)  # the timer is due and runs on the loop, before the sleeper resumes
+    controller.abort(User())
+    with pytest.raises(Aborted) as info:
+        await sleeping
+    assert info.value.reason == User()
+    assert clock.sleepers == 0
+    assert not controller.signal._callbacks
+
+
+async def test_a_cancel_of_the_caller_beats_an_abort_in_the_same_loop_iteration() -> None:
+    clock = ManualClock()
+    controller = AbortController()
+    sleeping = asyncio.create_task(abortable_sleep(clock, 5.0, controller.signal))
+    await clock.wait_for_sleepers(1)
+    controller.abort(User())  # resolves the sleep's future ...
+    sleeping.cancel()  # ... but the task is cancelled before it resumes: that must propagate
+    with pytest.raises(asyncio.CancelledError):
+        await sleeping
+    assert clock.sleepers == 0
+    assert not controller.signal._callbacks

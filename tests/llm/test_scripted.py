@@ -31,6 +31,10 @@ from andon.llm import (
     ModelRequest,
     ReasoningDelta,
     Scripted,
+    ScriptFailure,
+    ScriptParser,
+    ScriptReply,
+    ScriptToolCall,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -594,6 +598,26 @@ def test_replies_must_be_a_list(replies: object) -> None:
         Scripted(replies)  # type: ignore[arg-type]
     assert info.value.field == "replies"
     assert info.value.index is None
+
+
+def test_the_script_format_is_public_for_doubles_that_extend_it() -> None:
+    # What MockModelServer builds on: parsed values, and the field checks with their messages.
+    parser = ScriptParser("script.yaml")
+    reply = parser.reply(0, {"text": "abc", "chunk_size": 2, "tool_calls": [{"name": "bash"}]})
+    assert isinstance(reply, ScriptReply)
+    assert reply.tool_calls == (ScriptToolCall("call_0_0", "bash", "{}"),)
+    assert reply.content() == [
+        TextDelta("ab"),
+        TextDelta("c"),
+        ToolCallDelta(0, "call_0_0", "bash", "{}"),
+    ]
+    failing = parser.reply(1, {"error": {"status": 503, "retry_after": 2}})
+    assert failing.error == ScriptFailure(ErrorCode.OVERLOADED, "503 from the model API", 503, 2.0)
+    assert parser.seconds(2, "pause", 1) == 1.0
+    with pytest.raises(ScriptInvalid) as info:
+        parser.integer(2, "keepalive", True, minimum=0)
+    assert (info.value.index, info.value.field) == (2, "keepalive")
+    assert "(in script.yaml)" in str(info.value)
 
 
 def test_negative_max_retries_is_a_programming_error() -> None:

@@ -1,5 +1,6 @@
-"""Model adapters: the :class:`Model` protocol, typed stream chunks, the retry policy, the scripted
-model, the streaming HTTP adapter for DeepSeek and OpenAI-compatible servers, and model specs.
+"""Model adapters: the :class:`Model` protocol, typed stream chunks, the retry policy (and the
+:data:`RetryDecider` seam that replaces it), the scripted model and its script format, the
+streaming HTTP adapter for DeepSeek and OpenAI-compatible servers, and model specs.
 
 Imports only ``andon.base`` (architecture.md, Layering).
 """
@@ -14,6 +15,7 @@ from andon.llm._retry import (
     code_for_status,
     parse_retry_after,
 )
+from andon.llm._script import ScriptFailure, ScriptParser, ScriptReply, ScriptToolCall
 from andon.llm._scripted import Scripted
 from andon.llm._specs import (
     API_KEY_ENV_VARS,
@@ -31,6 +33,7 @@ from andon.llm._types import (
     ModelRequest,
     OnAttempt,
     ReasoningDelta,
+    RetryDecider,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -51,7 +54,12 @@ __all__ = [
     "OpenAICompatible",
     "RandomSource",
     "ReasoningDelta",
+    "RetryDecider",
     "RetryPolicy",
+    "ScriptFailure",
+    "ScriptParser",
+    "ScriptReply",
+    "ScriptToolCall",
     "Scripted",
     "TextDelta",
     "ToolCallDelta",

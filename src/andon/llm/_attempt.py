@@ -1,21 +1,33 @@
-"""One HTTP attempt of a model request: a reader task, a watchdog task and a queue between them and
-the consumer.
+"""One HTTP attempt of a model request: a reader task, a watchdog timer and a queue between them
+and the consumer.
 
-Why tasks: a model that stalls sends nothing, so nothing in the consumer's own ``await`` would ever
-notice a cancel or a timeout "at the next chunk". Instead:
+Why a task and a timer: a model that stalls sends nothing, so nothing in the consumer's own
+``await`` would ever notice a cancel or a timeout "at the next chunk". Instead:
 
 * the **reader** task sends the request, reads the event stream, and puts chunks on a queue;
-* the **watchdog** task sleeps on the injected clock until the current deadline (first content,
-  idle between data events, total) and cancels the reader when it passes. Keep-alive comments
-  never reach the reader as events, so they can never move the deadline;
+* the **watchdog** is a :meth:`~andon.base.Clock.call_at` timer at the current deadline (first
+  content, idle between data events, total); when it fires it cancels the reader. Keep-alive
+  comments never reach the reader as events, so they can never move the deadline;
 * the abort signal's **callback** cancels the reader synchronously, inside ``abort()``, and wakes
   the consumer. Cancelling the reader unwinds its ``finally``, which awaits ``response.aclose()``:
   the connection is closed by the time the consumer raises :class:`~andon.base.Aborted`.
 
+Why the reader is a bare task and not a task group's: the attempt lives inside the adapter's
+``stream`` async generator and must keep reading while that generator is suspended at a ``yield``
+(the consumer may be busy elsewhere when an abort must close the socket). A ``TaskGroup`` cannot
+span ``yield`` s of an async generator: its cancel scope would hit whatever code the consumer runs
+between chunks, and its exit may run in another task (a finaliser's ``aclose``). So the
+:class:`Attempt` is the reader's owner instead, and the generator's ``finally`` always awaits
+:meth:`Attempt.close`, which cancels the reader (once) and awaits it — on a finish, a failure, an
+abort, a consumer that stops early (``aclose``) and a cancelled consumer alike. agent-loop.md allows
+exactly this: the adapter's own internal reader task, one per stream (attempts never overlap: each
+is closed before the next one starts).
+
 Invariants: the reader is cancelled at most once (a second cancel would interrupt the
-``response.aclose()`` of the first and could leave the socket open); both tasks are always awaited
-in :meth:`Attempt.close` (never fire-and-forget); a marker on the queue only wakes the consumer,
-which then reads the attempt's state — so duplicate wake-ups are harmless.
+``response.aclose()`` of the first and could leave the socket open); the reader is always awaited
+and the timer always cancelled in :meth:`Attempt.close` (never fire-and-forget); a marker on the
+queue only wakes the consumer, which then reads the attempt's state — so duplicate wake-ups are
+harmless.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from typing import Final, NoReturn
 import httpx
 from httpx_sse import EventSource
 
-from andon.base import Aborted, AbortSignal, Cause, Clock, ErrorCode, ModelError
+from andon.base import Aborted, AbortSignal, Cause, Clock, ErrorCode, ModelError, Timer
 from andon.llm._failures import Context, status_error, transport_error
 from andon.llm._retry import parse_retry_after
 from andon.llm._sse import DONE, StreamParser
@@ -105,9 +117,10 @@ class Attempt:
         self._done = False  # [DONE] seen or EOF reached: later events are only drained
         self._timeout: ModelError | None = None
         self._reader_cancelled = False
+        # Not in a task group: see the module docstring. Always awaited in close().
         self._reader = asyncio.create_task(self._read())
         self._reader.add_done_callback(self._wake)
-        self._watchdogs: list[asyncio.Task[None]] = []
+        self._watchdog: Timer | None = None
         self._start_watchdog()
         # Registered last: if the signal has already fired, the callback runs right here.
         self._handle = signal.add_callback(self._on_abort)
@@ -133,7 +146,8 @@ class Attempt:
             await self._settle()
 
     async def close(self, *, drain: bool = False) -> None:
-        """Stop both tasks and wait for them; the response is closed when this returns.
+        """Stop the reader and the watchdog and wait for the reader; the response is closed when
+        this returns.
 
         ``drain`` (after a delivered Finish) first lets the reader read to the end of the body,
         for at most :data:`DRAIN_SECONDS`, so the connection goes back to the pool.
@@ -144,17 +158,14 @@ class Attempt:
         finally:
             self._handle.remove()
             self._cancel_reader()
-            for watchdog in self._watchdogs:
-                watchdog.cancel()
-            tasks = [self._reader, *self._watchdogs]
-            pending = [task for task in tasks if not task.done()]
-            if pending:  # no await at all when everything has ended: one loop turn saved
-                await asyncio.wait(pending)
-            for task in tasks:
-                # The reader's ModelError was already raised to the consumer (or is superseded
-                # by an abort); retrieving it keeps asyncio from reporting it as never retrieved.
-                if not task.cancelled():
-                    task.exception()
+            self._stop_watchdog()
+            reader = self._reader
+            if not reader.done():  # no await at all when it has ended: one loop turn saved
+                await asyncio.wait({reader})
+            # The reader's ModelError was already raised to the consumer (or is superseded by an
+            # abort); retrieving it keeps asyncio from reporting it as never retrieved.
+            if not reader.cancelled():
+                reader.exception()
 
     async def _abort(self) -> NoReturn:
         await self.close()
@@ -190,8 +201,7 @@ class Attempt:
     def _on_abort(self, _cause: Cause) -> None:
         # Runs synchronously inside controller.abort(): the close starts now, not at a chunk.
         self._cancel_reader()
-        for watchdog in self._watchdogs:
-            watchdog.cancel()
+        self._stop_watchdog()
         self._wake()
 
     # --- the reader -----------------------------------------------------------------------------
@@ -295,23 +305,33 @@ class Attempt:
         return deadline, kind
 
     def _start_watchdog(self) -> None:
-        """(Re)start the watchdog: at the start, and once more at the first data event, the
-        only moment the deadline can move nearer (first-content -> idle)."""
+        """(Re)arm the watchdog: at the start, and once more at the first data event, the only
+        moment the deadline can move nearer (first-content -> idle)."""
         if not self._timeouts.watched:
             return
-        for watchdog in self._watchdogs:
-            watchdog.cancel()  # awaited with the others in close()
-        self._watchdogs.append(asyncio.create_task(self._watch()))
+        self._stop_watchdog()
+        self._arm_watchdog()
 
-    async def _watch(self) -> None:
-        # Later data events only move _last_data later; the watchdog notices when its sleep
-        # ends, so the per-chunk cost of the timeouts is one clock read.
-        while True:
-            deadline, kind = self._deadline()
-            remaining = deadline - self._clock.monotonic()
-            if remaining <= 0:
-                break
-            await self._clock.sleep(remaining)
+    def _arm_watchdog(self) -> None:
+        deadline, _ = self._deadline()
+        if math.isinf(deadline):
+            return  # e.g. no first-content limit before data: nothing to wait for yet
+        self._watchdog = self._clock.call_at(deadline, self._on_deadline)
+
+    def _stop_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()  # synchronous and idempotent: nothing left to await
+
+    def _on_deadline(self) -> None:
+        """The watchdog's timer fired (on the loop, never inside another callback)."""
+        self._watchdog = None
+        # Later data events only move _last_data later and never re-arm the timer, so the
+        # per-chunk cost of the timeouts is one clock read; the timer re-checks when it fires.
+        deadline, kind = self._deadline()
+        if deadline > self._clock.monotonic():
+            self._arm_watchdog()
+            return
         if self._reader.done():
             return
         if self._parser.finish is not None:

@@ -2,9 +2,10 @@
 
 :class:`OpenAICompatible` owns the attempts (llm.md, "the driver owns the log, the adapter owns the
 attempts"): for each HTTP request it first awaits ``on_attempt(n, error, delay)``, then runs one
-:class:`~andon.llm._attempt.Attempt`, and on a failure asks the :class:`RetryPolicy` for a delay —
-but only while nothing of the attempt has reached the caller, so a retry never repeats visible
-output. Backoff sleeps are abort-aware; an abort during an attempt closes the response at once.
+:class:`~andon.llm._attempt.Attempt`, and on a failure asks the :class:`RetryPolicy` (or the
+caller's ``decide_retry``, which replaces it) for a delay — but only while nothing of the attempt
+has reached the caller, so a retry never repeats visible output. Backoff sleeps are abort-aware; an
+abort during an attempt closes the response at once.
 
 The API key is read from the environment when the adapter is built and lives in a :class:`_Secret`
 whose repr hides it. It is only ever written into the ``Authorization`` header; server messages
@@ -30,8 +31,8 @@ from andon.base import AbortSignal, Clock, ConfigError, ModelError, SystemClock
 from andon.llm._attempt import Attempt, Timeouts
 from andon.llm._failures import Context
 from andon.llm._request import DEEPSEEK, build_request_body
-from andon.llm._retry import RandomSource, RetryPolicy, abortable_sleep
-from andon.llm._types import Chunk, Finish, ModelInfo, ModelRequest, OnAttempt
+from andon.llm._retry import RandomSource, RetryPolicy, abortable_sleep, retry_delay
+from andon.llm._types import Chunk, Finish, ModelInfo, ModelRequest, OnAttempt, RetryDecider
 
 __all__ = ["OpenAICompatible"]
 
@@ -97,9 +98,10 @@ class OpenAICompatible:
     ``first_content`` (from sending the request to the first data event), ``idle`` (between data
     events; keep-alive comments do not count) and ``total`` (per attempt); the last three run on
     ``clock``. Failures are retried per ``retry_policy`` (default: ``RetryPolicy(max_retries)``)
-    with jitter from ``rng``. Pass ``client`` to share an ``httpx.AsyncClient`` (it is then not
-    closed here); otherwise the adapter makes its own, which :meth:`aclose` (or ``async with``)
-    closes. ``spec`` is the user's model spec, recorded in :attr:`info`.
+    with jitter from ``rng``, unless a call of :meth:`stream` brings its own ``decide_retry``.
+    Pass ``client`` to share an ``httpx.AsyncClient`` (it is then not closed here); otherwise the
+    adapter makes its own, which :meth:`aclose` (or ``async with``) closes. ``spec`` is the user's
+    model spec, recorded in :attr:`info`.
     """
 
     def __init__(
@@ -255,9 +257,18 @@ class OpenAICompatible:
         )
 
     async def stream(
-        self, request: ModelRequest, signal: AbortSignal, on_attempt: OnAttempt
+        self,
+        request: ModelRequest,
+        signal: AbortSignal,
+        on_attempt: OnAttempt,
+        *,
+        decide_retry: RetryDecider | None = None,
     ) -> AsyncIterator[Chunk]:
-        """Stream the reply to ``request``; see the :class:`~andon.llm.Model` protocol."""
+        """Stream the reply to ``request``; see the :class:`~andon.llm.Model` protocol.
+
+        ``decide_retry`` (:data:`~andon.llm.RetryDecider`) replaces the retry policy, budget
+        included, for this request; it is never asked once data of the attempt has streamed.
+        """
         body = json.dumps(self.request_body(request), ensure_ascii=False, allow_nan=False)
         content = body.encode("utf-8")
         context = self._context()
@@ -300,10 +311,17 @@ class OpenAICompatible:
                 error = exc
             finally:
                 await current.close(drain=current.finished)
-            # Once a chunk reached the caller, a retry would repeat it: the failure is final.
-            next_delay = (
-                None if current.delivered else self._policy.next_delay(error, attempt, self._rng)
-            )
+            # Once a chunk reached the caller, a retry would repeat it: the failure is final, and
+            # not even a decider is asked.
+            next_delay = None
+            if not current.delivered:
+                next_delay = await retry_delay(
+                    error,
+                    attempt,
+                    policy=self._policy,
+                    rng=self._rng,
+                    decide_retry=decide_retry,
+                )
             if next_delay is None:
                 _log.debug("model request attempt %d failed for good: %s", attempt, error.code)
                 raise error

@@ -8,6 +8,8 @@
 * ``Retry-After`` replaces the backoff when the server sent one, capped at 60 s.
 * The backoff sleep runs on an injected :class:`~andon.base.Clock` and ends at once, raising
   :class:`~andon.base.Aborted`, when the turn's signal fires.
+* A caller may replace the policy with its own decision (:data:`~andon.llm.RetryDecider`, the
+  seam of the ``OnRequestError`` hook); :func:`retry_delay` is the one place both adapters ask.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from andon.base import Aborted, AbortSignal, Clock, ErrorCode, ModelError
+from andon.base import AbortSignal, Cause, Clock, ErrorCode, ModelError
+from andon.llm._types import RetryDecider
 
 __all__ = [
     "RETRYABLE_CODES",
@@ -29,6 +32,7 @@ __all__ = [
     "abortable_sleep",
     "code_for_status",
     "parse_retry_after",
+    "retry_delay",
 ]
 
 RandomSource: TypeAlias = Callable[[], float]
@@ -152,34 +156,72 @@ class RetryPolicy:
         return self.delay(error, retry, rng)
 
 
+async def retry_delay(
+    error: ModelError,
+    attempt: int,
+    *,
+    policy: RetryPolicy,
+    rng: RandomSource | None,
+    decide_retry: RetryDecider | None,
+) -> float | None:
+    """The seconds to wait before retrying failed attempt ``attempt``, or ``None`` to give up.
+
+    Only asked while nothing of the attempt has streamed (the callers' rule, not checked here).
+    Without ``decide_retry`` the policy decides; with it, the decider alone does — it may retry
+    codes the policy would not and give up on ones it would retry, and the policy's budget
+    (``max_retries``) does not apply: the decider owns the budget. No ceiling is added on top:
+    a decider is told the attempt number, a cap would silently overrule an explicit decision,
+    and a runaway decider is still stopped by the turn's signal (every wait is abort-aware).
+    """
+    if decide_retry is None:
+        return policy.next_delay(error, attempt, rng)
+    # ``object``: the annotation is a promise of the caller's code, checked here at run time.
+    delay: object = await decide_retry(error, attempt)
+    if delay is None:
+        return None
+    if (
+        isinstance(delay, bool)  # an int subclass, but True is no number of seconds
+        or not isinstance(delay, int | float)
+        or not math.isfinite(delay)
+        or delay < 0
+    ):
+        raise ModelError(
+            ErrorCode.INTERNAL,
+            f"the retry decision returned an invalid delay {delay!r} after attempt {attempt} "
+            f"failed with {error.code}; return a finite number of seconds >= 0 to retry, "
+            "or None to give up",
+        ) from error
+    return float(delay)
+
+
 async def abortable_sleep(clock: Clock, seconds: float, signal: AbortSignal) -> None:
     """Sleep ``seconds`` on ``clock``, raising :class:`Aborted` the moment ``signal`` fires.
 
-    Raises at once if the signal has already fired. No polling: the clock's sleep runs as this
-    function's own task, and the signal's callback cancels that task (never the caller's).
+    Raises at once if the signal has already fired. No polling and no task: one future, resolved
+    either by a :meth:`~andon.base.Clock.call_at` timer or by the signal's callback. A cancel of
+    the caller propagates as ``CancelledError`` (the future is simply abandoned); nothing is left
+    pending afterwards — the timer is cancelled and the callback removed on every way out.
     """
     signal.throw_if_aborted()
     if seconds <= 0:
         return
-    # Always awaited below (or cancelled and awaited in the finally): never fire-and-forget.
-    sleeper = asyncio.create_task(clock.sleep(seconds))
-    handle = signal.add_callback(lambda _cause: sleeper.cancel())
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_cause: Cause | None = None) -> None:
+        # The timer and the signal's callback both only resolve the future; the abort is raised
+        # below from the signal's state, so a timer and an abort that fire in the same loop
+        # iteration still end in Aborted, whichever ran first.
+        if not woken.done():
+            woken.set_result(None)
+
+    timer = clock.call_at(clock.monotonic() + seconds, wake)
+    handle = signal.add_callback(wake)
     try:
-        await sleeper
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        caller_cancelled = current is not None and current.cancelling() > 0
-        # Our callback cancelled the sleeper: translate into the typed abort. A cancel of the
-        # caller itself (teardown) must propagate as CancelledError, never be swallowed.
-        reason = signal.reason
-        if reason is not None and not caller_cancelled:
-            raise Aborted(reason) from None
-        raise
+        # A cancel of the caller cancels ``woken`` itself (or, when ``woken`` is already done,
+        # is thrown in here by the task): CancelledError propagates, never turned into Aborted.
+        await woken
     finally:
+        timer.cancel()
         handle.remove()
-        if not sleeper.done():
-            sleeper.cancel()
-            # The caller is being cancelled; wait for the sleeper so it is not left behind.
-            await asyncio.gather(sleeper, return_exceptions=True)
-    # The sleep may have completed in the same loop iteration as the abort: the abort wins.
+    # The timer may have fired in the same loop iteration as the abort: the abort wins.
     signal.throw_if_aborted()

@@ -26,6 +26,7 @@ __all__ = [
     "ModelRequest",
     "OnAttempt",
     "ReasoningDelta",
+    "RetryDecider",
     "TextDelta",
     "ToolCallDelta",
     "Usage",
@@ -150,12 +151,24 @@ OnAttempt: TypeAlias = Callable[[int, ModelError | None, float | None], Awaitabl
 ``n == 1``. The driver owns the log and writes ``llm/request`` (and ``llm/retry``) here, so the
 record precedes the request."""
 
+RetryDecider: TypeAlias = Callable[[ModelError, int], Awaitable[float | None]]
+"""``decide_retry(error, attempt)``: the caller's retry decision, replacing the retry policy.
+
+Awaited with the failure of attempt number ``attempt`` (1-based) when nothing of that attempt has
+streamed yet (after data has streamed a failure is final and the decider is not asked). It returns
+the seconds to wait before the next attempt, or ``None`` to give up, and the error is raised. The
+decider owns the whole budget: ``max_retries`` and the retryable codes of the policy do not apply,
+so it must stop by itself (it is told the attempt number). A delay that is not a finite number
+``>= 0`` is raised as ``ModelError(INTERNAL)``. This is the seam of the ``OnRequestError`` hook
+(agent-loop.md, Hooks), defined here because the model layer cannot import the supervisor."""
+
 
 @runtime_checkable
 class Model(Protocol):
     """The seam between the agent loop and a model (llm.md).
 
-    ``stream`` makes the request, retrying failures that the retry policy allows while nothing has
+    ``stream`` makes the request, retrying failures that the retry policy allows (or, when
+    ``decide_retry`` is given, that it asks for: see :data:`RetryDecider`) while nothing has
     streamed yet, and yields the reply's chunks. It observes ``signal`` everywhere, including
     while the model sends nothing: when the signal fires the iterator raises
     :class:`~andon.base.Aborted` carrying the cause, at once. Failures raise
@@ -168,7 +181,12 @@ class Model(Protocol):
         ...
 
     def stream(
-        self, request: ModelRequest, signal: AbortSignal, on_attempt: OnAttempt
+        self,
+        request: ModelRequest,
+        signal: AbortSignal,
+        on_attempt: OnAttempt,
+        *,
+        decide_retry: RetryDecider | None = None,
     ) -> AsyncIterator[Chunk]:
         """Stream one reply to ``request``; see the class docstring."""
         ...

@@ -39,8 +39,7 @@ from typing import Any, Final, Literal
 import yaml
 
 from andon.base import ConfigError, ScriptInvalid
-from andon.llm._scripted import _Parser, _Reply
-from andon.llm._types import ReasoningDelta, TextDelta, ToolCallDelta
+from andon.llm import ReasoningDelta, ScriptParser, ScriptReply, TextDelta, ToolCallDelta
 
 __all__ = ["SERVER_ONLY_FIELDS", "MockModelServer", "RecordedRequest", "main"]
 
@@ -83,7 +82,7 @@ _HEADER_LIMIT: Final = 64 * 1024
 
 @dataclass(frozen=True, slots=True)
 class _ServerReply:
-    base: _Reply
+    base: ScriptReply
     finish: str
     usage_chunk: Literal["finish", "separate"] = "finish"
     keepalive: int = 0
@@ -98,13 +97,13 @@ class _ServerReply:
 
 
 def _parse_replies(raw: object, source: str | None) -> tuple[_ServerReply, ...]:
-    parser = _Parser(source)
+    parser = ScriptParser(source)
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
         parser.fail(None, "replies", f"must be a list of replies, got {type(raw).__name__}")
     return tuple(_parse_reply(parser, index, item) for index, item in enumerate(raw))
 
 
-def _parse_reply(parser: _Parser, index: int, raw: object) -> _ServerReply:
+def _parse_reply(parser: ScriptParser, index: int, raw: object) -> _ServerReply:
     if not isinstance(raw, Mapping):
         parser.reply(index, raw)  # raises, naming the reply
         raise AssertionError("unreachable")
@@ -160,7 +159,7 @@ def _parse_reply(parser: _Parser, index: int, raw: object) -> _ServerReply:
     return _ServerReply(base=base, finish=finish or base.finish, **options)
 
 
-def _error_event(parser: _Parser, index: int, raw: object) -> tuple[dict[str, Any], int]:
+def _error_event(parser: ScriptParser, index: int, raw: object) -> tuple[dict[str, Any], int]:
     if not isinstance(raw, Mapping):
         parser.fail(index, "error_event", f"must be a mapping, got {type(raw).__name__}")
     parser.known_fields(index, "error_event.", raw, _ERROR_EVENT_FIELDS)
@@ -180,7 +179,7 @@ def _error_event(parser: _Parser, index: int, raw: object) -> tuple[dict[str, An
     return payload, after
 
 
-def _raw_events(parser: _Parser, index: int, raw: object) -> tuple[bytes, ...]:
+def _raw_events(parser: ScriptParser, index: int, raw: object) -> tuple[bytes, ...]:
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
         parser.fail(index, "raw_events", f"must be a list, got {type(raw).__name__}")
     out: list[bytes] = []
