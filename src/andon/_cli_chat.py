@@ -7,7 +7,7 @@ running tool calls with a spinner, elapsed time and output tail, the stopping st
 Keys and commands:
 
 * Enter: queue the line as a follow-up (it starts at once when the agent is idle); Enter on an
-  empty line wakes the agent if queued work is parked (after ``/cancel keep``);
+  empty line wakes the agent if queued work is parked (after ``/cancel keep``; quitting drops it);
 * ``/steer TEXT``, ``/inject TEXT``: into the next step of the running turn;
 * Esc or Ctrl-C: cancel the running turn (the queue is dropped); a second Ctrl-C during the same
   stop kills the tool process groups now; at an idle prompt Ctrl-C only clears the line;

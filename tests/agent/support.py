@@ -11,9 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import andon
-from andon.base import GracePolicy
+from andon.base import GracePolicy, message_id, session_id
 from andon.llm import Scripted
-from andon.session import check, history, read
+from andon.session import (
+    FORMAT_VERSION,
+    InboxSpliced,
+    ModelInfo,
+    SessionLog,
+    SessionStart,
+    UserMessage,
+    check,
+    history,
+    read,
+)
 from andon.supervisor import Agent, WorkerPoolConfig
 from andon.workers import ToolRegistry
 from tests.workers.pytools import registry as test_registry
@@ -119,3 +129,29 @@ CHILD_SLOW = [
         ]
     }
 ]
+
+
+def parked_session(
+    folder: Path, *, next_turn: Sequence[str] = (), next_step: Sequence[str] = ()
+) -> None:
+    """A log as a process that died with queued work leaves it: a session whose inbox holds these
+    messages (disposal would have cleared them; only a crash leaves work parked)."""
+    log = SessionLog.open(folder)
+    log.append(
+        SessionStart(
+            FORMAT_VERSION,
+            session_id(),
+            andon.__version__,
+            0.0,
+            str(folder),
+            ModelInfo("script:inline", "script", "scripted"),
+            "p",
+            0,
+            "h",
+        )
+    )
+    for target, texts in (("next-turn", next_turn), ("next-step", next_step)):
+        for n, text in enumerate(texts):
+            message = UserMessage(message_id(), text, "user" if target == "next-turn" else "inject")
+            log.append(InboxSpliced(target=target, start=n, inserted=(message,)))  # type: ignore[arg-type]
+    log.close()

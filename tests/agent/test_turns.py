@@ -15,6 +15,7 @@ from tests.agent.support import (
     agent_for,
     assert_sound,
     kinds,
+    parked_session,
     records,
     turn_ends,
 )
@@ -300,8 +301,11 @@ async def test_wake_runs_parked_work_of_a_resumed_session(tmp_path: Path) -> Non
         await agent.when_idle()
     async with agent_for(tmp_path, [{"text": "ran the parked work"}]) as agent:
         assert agent.wake() is False  # nothing queued any more
-    async with agent_for(tmp_path / "second", []) as agent:
-        agent.inject("parked")
+    async with agent_for(tmp_path / "disposed", []) as agent:
+        agent.inject("dropped")  # disposal clears the inbox durably: a resume never runs it
+    async with agent_for(tmp_path / "disposed", []) as agent:
+        assert agent.wake() is False
+    parked_session(tmp_path / "second", next_step=["parked"])  # as a crashed process leaves it
     async with agent_for(tmp_path / "second", [{"text": "picked up after resume"}]) as agent:
         assert agent.status == "idle"  # pending work waits for a waking send...
         assert agent.wake() is True  # ...or an explicit wake

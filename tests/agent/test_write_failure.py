@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from pathlib import Path
@@ -54,7 +55,10 @@ async def test_a_failed_append_stops_the_turn_and_every_later_send(tmp_path: Pat
             }
         ]
     )
-    async with WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools) as pool:
+    async with (
+        WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools) as pool,
+        asyncio.TaskGroup() as tasks,
+    ):
         agent = Agent(
             log=log,
             model=model,
@@ -63,6 +67,7 @@ async def test_a_failed_append_stops_the_turn_and_every_later_send(tmp_path: Pat
             records=[first],
             system_prompt="p",
             cwd=str(tmp_path),
+            tasks=tasks,
         )
         watcher = Watcher(agent)
         agent.followup("go")

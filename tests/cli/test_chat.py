@@ -161,9 +161,11 @@ def test_cancel_keep_keeps_the_queue(tmp_path: Path, children: list[pexpect.spaw
     assert not [r for r in splices if r["data"].get("outcome") == "canceled"]
 
 
-def test_a_kept_queue_survives_quitting_and_runs_in_the_next_chat(
+def test_quitting_discards_a_kept_queue_on_record(
     tmp_path: Path, children: list[pexpect.spawn]
 ) -> None:
+    # /cancel keep parks the queue for this chat; quitting disposes the agent, and disposal is
+    # cancel(Disposed()), which clears the inbox durably: a later chat never runs it unasked.
     child = spawn(tmp_path, two_turns(tmp_path))
     children.append(child)
     child.send("build it\r")
@@ -173,15 +175,21 @@ def test_a_kept_queue_survives_quitting_and_runs_in_the_next_chat(
     child.send("/cancel keep\r")
     child.expect(r"turn 1 ended \[stopped\]")
     quit_chat(child)
-    model = script(tmp_path / "again.json", [{"text": "Ran the queued one."}])
+    canceled = [
+        r
+        for r in records(tmp_path / "s")
+        if r["type"] == "agent/inbox/spliced" and r["data"].get("outcome") == "canceled"
+    ]
+    assert len(canceled) == 1
+    model = script(tmp_path / "again.json", [{"text": "A new answer."}])
     again = spawn(tmp_path, model)  # resumes the session folder
     children.append(again)
-    assert "1 queued item(s) parked" in screen(again.logfile_read.text())
-    again.send("\r")
-    again.expect("Ran the queued one.")
+    again.send("something new\r")
+    again.expect("A new answer.")
     again.expect("turn 2 ended: completed")
     quit_chat(again)
-    assert user_messages(tmp_path / "s") == [(1, "build it"), (2, "queued one")]
+    assert "parked" not in screen(again.logfile_read.text())
+    assert user_messages(tmp_path / "s") == [(1, "build it"), (2, "something new")]
 
 
 def test_plain_cancel_drops_the_queue(tmp_path: Path, children: list[pexpect.spawn]) -> None:

@@ -14,7 +14,16 @@ unwinding. A waking send in that window sets ``wake_requested``; the driver, in 
 after the phase is back to idle, replays the wake synchronously if the inbox still has work. So
 ``turn/end N`` always precedes the replayed ``turn/start N+1``, and ``when_idle()`` (which waits
 for idle *and* no pending replay) never returns in the gap. Do not "fix" this by setting the phase
-to idle inside ``cancel()``: two drivers would overlap.
+to idle inside ``cancel()``: two drivers would overlap. The latch also covers the window after a
+turn's ``turn/end`` is written and before the driver has made it durable and decided what runs
+next: a waking send there (a ``steer`` included) is replayed, never stranded.
+
+**Tasks.** The agent starts exactly one kind of task, its driver, and only in the ``TaskGroup``
+it was given (``open_agent``'s, or a subagent tool's), so every driver is awaited before that
+block ends. The turn budget is a clock timer (``Clock.call_at``), not a task.
+
+The turn driver sees the agent only through the :class:`~andon.supervisor._host.TurnHost` built
+for each turn.
 """
 
 from __future__ import annotations
@@ -31,10 +40,12 @@ from andon.base import (
     AgentClosed,
     Cause,
     Clock,
+    ConfigError,
     Disposed,
     Hook,
     LogWriteFailed,
     SystemClock,
+    Timer,
     message_id,
 )
 from andon.llm import Model
@@ -50,17 +61,13 @@ from andon.session import (
     iter_records,
 )
 from andon.supervisor._executor import ToolExecutor
-from andon.supervisor._hooks import (
-    HookSpec,
-    OnRequestError,
-    TurnBudget,
-    TurnStopping,
-)
+from andon.supervisor._hooks import HookSpec, OnRequestError, TurnBudget
+from andon.supervisor._host import LogPort, TurnHost
 from andon.supervisor._inbox import Inbox, Target
 from andon.supervisor._turn import run_turn
 from andon.workers import ToolRegistry
 
-__all__ = ["Agent", "Status"]
+__all__ = ["Agent", "Status", "check_max_parallel"]
 
 _log = logging.getLogger("andon.agent")
 
@@ -85,6 +92,7 @@ class _Running:
     turn: int
     step: int = 0
     wake_requested: bool = False
+    ended: bool = False  # turn/end is written; the driver is deciding what runs next
 
 
 _Phase = _Idle | _Maintenance | _Running
@@ -95,8 +103,22 @@ class _Subscriber:
     queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
 
 
+def check_max_parallel(value: object) -> int:
+    """``max_parallel`` as given, if it is a whole number of at least 1; else a clear error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"max_parallel must be a whole number of at least 1 (the most tool calls one step "
+            f"runs at once), got {value!r}"
+        )
+    return value
+
+
 class Agent:
-    """An agent loop over one session. Create it with :func:`andon.open_agent`."""
+    """An agent loop over one session. Create it with :func:`andon.open_agent`.
+
+    ``tasks`` is the task group the agent's driver runs in; its owner awaits it (``open_agent``
+    does, after disposing the agent).
+    """
 
     def __init__(
         self,
@@ -108,18 +130,19 @@ class Agent:
         records: Sequence[Record],
         system_prompt: str,
         cwd: str,
+        tasks: asyncio.TaskGroup,
         hooks: Sequence[HookSpec] = (),
         max_parallel: int = 4,
         clock: Clock | None = None,
         next_turn: Sequence[UserMessage] = (),
         next_step: Sequence[UserMessage] = (),
     ) -> None:
-        for hook in hooks:
-            if isinstance(hook, OnRequestError):
-                raise NotImplementedError(
-                    "OnRequestError hooks are not supported yet; the model adapter's own retry "
-                    "policy applies (llm.md)"
-                )
+        if sum(isinstance(h, OnRequestError) for h in hooks) > 1:
+            raise ConfigError(
+                "at most one OnRequestError hook: it replaces the model adapter's retry decision, "
+                "and two would contradict each other"
+            )
+        self._tasks = tasks
         self._logfile = log
         self._model = model
         self._model_name = model.info.name
@@ -129,9 +152,8 @@ class Agent:
         self._cwd = cwd
         self._hooks = tuple(hooks)
         self._budgets = tuple(h for h in hooks if isinstance(h, TurnBudget))
-        self._budget_timer: asyncio.Task[None] | None = None
-        self._maintenance_task: asyncio.Task[None] | None = None
-        self._max_parallel = max_parallel
+        self._budget_timer: Timer | None = None
+        self._max_parallel = check_max_parallel(max_parallel)
         self._clock = clock or SystemClock()
         # The model-visible part of the log (chunks excluded), for building requests.
         self._records: list[Record] = [r for r in records if r.type != "assistant/chunk"]
@@ -145,7 +167,6 @@ class Agent:
         self._phase: _Phase = _Idle(log.last_turn)
         self._status: Status = "idle"
         self._changed = asyncio.Event()
-        self._driver: asyncio.Task[None] | None = None
         self._closing = False
         self._failure: LogWriteFailed | None = None
         self._subscribers: list[_Subscriber] = []
@@ -303,7 +324,9 @@ class Agent:
         phase = self._phase
         if isinstance(phase, _Idle):
             self._start_driver()
-        elif latch or isinstance(phase, _Maintenance):
+        elif latch or isinstance(phase, _Maintenance) or phase.ended:
+            # After an abort, during maintenance, or after turn/end: no step boundary of a
+            # running turn will see this send, so the driver replays it when it is done.
             reason = phase.controller.signal.reason
             if not isinstance(reason, Disposed):  # a disposed agent never replays
                 phase.wake_requested = True
@@ -314,13 +337,13 @@ class Agent:
         already in the log (ordering is then deterministic and testable)."""
         assert isinstance(self._phase, _Idle)
         # Fails (RuntimeError) off the loop's thread before anything is written or switched.
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop()
         started = self._begin_turn(self._phase.last_turn + 1)
         if started is None:
             return
-        self._driver = loop.create_task(self._drive(*started))
+        self._tasks.create_task(self._drive(*started))
 
-    def _begin_turn(self, turn: int) -> tuple[int, AbortController, list[UserMessage]] | None:
+    def _begin_turn(self, turn: int) -> tuple[TurnHost, list[UserMessage]] | None:
         controller = AbortController()  # one per turn, installed before turn/start
         self._phase = _Running(controller, turn)
         self._set_status()
@@ -329,18 +352,45 @@ class Agent:
             self._write(TurnStart(turn))
             claimed = self._inbox.claim_first_step()
         except LogWriteFailed:
+            self._disarm_budget()
             self._phase = _Idle(turn - 1)
             self._set_status()
             return None
-        return turn, controller, claimed
+        return self._host(turn, controller), claimed
 
-    async def _drive(
-        self, turn: int, controller: AbortController, claimed: list[UserMessage]
-    ) -> None:
+    def _host(self, turn: int, controller: AbortController) -> TurnHost:
+        """The port through which turn ``turn`` (and its supervisor tools) reach this agent."""
+        return TurnHost(
+            turn=turn,
+            controller=controller,
+            model=self._model,
+            registry=self._registry,
+            executor=self._executor,
+            hooks=self._hooks,
+            inbox=self._inbox,
+            log=LogPort(write=self._write, barrier=self._barrier, publish=self._publish_live),
+            clock=self._clock,
+            cwd=self._cwd,
+            session_dir=self._logfile.path.parent,
+            owner=self._owner,
+            max_parallel=self._max_parallel,
+            open_child=self._open_child,
+            request_messages=self._request_messages,
+            on_step=self._on_step,
+            on_usage=self._add_usage,
+            on_error=self._report_error,
+        )
+
+    async def _drive(self, host: TurnHost, claimed: list[UserMessage]) -> None:
         """Drain turns: queued turns run only after completed or max-tokens turns."""
+        turn = host.turn
         try:
             while True:
-                reason = await run_turn(self, turn, controller, claimed)
+                reason = await run_turn(host, claimed)
+                # turn/end is written; from here on a waking send latches (see _wake).
+                phase = self._phase
+                if isinstance(phase, _Running):
+                    phase.ended = True
                 self._disarm_budget()
                 self.turns_run += 1
                 try:
@@ -350,11 +400,12 @@ class Agent:
                 if not isinstance(reason, Completed | MaxTokens) or self._closing:
                     break  # after blocked, error or aborted turns, pending work stays parked
                 if not self._inbox.next_turn:
-                    break
+                    break  # a latched send (a steer during the barrier) is replayed below
                 started = self._begin_turn(turn + 1)
                 if started is None:
                     break
-                turn, controller, claimed = started
+                host, claimed = started
+                turn = host.turn
         except LogWriteFailed:
             pass  # recorded in self._failure; the agent goes idle and says so
         finally:
@@ -363,7 +414,6 @@ class Agent:
             replay = isinstance(phase, _Running) and phase.wake_requested
             last = phase.turn if isinstance(phase, _Running) else turn
             self._phase = _Idle(last)
-            self._driver = None
             # The replay is decided here, synchronously, after the phase is back to idle.
             if replay and self._inbox.has_work and not self._closing and self._failure is None:
                 self._start_driver()
@@ -400,22 +450,33 @@ class Agent:
                 self._failure = e
             raise
 
-    async def _assemble_prompt(self, signal: Any) -> None:
-        """Prompt assembly (a checkpoint; the system prompt is static in this version)."""
-        return None
-
     def _request_messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": self._system_prompt}, *history(self._records)]
 
-    def _tool_schemas(self) -> list[dict[str, Any]]:
-        return self._registry.openai_schemas()
+    def _open_child(
+        self,
+        *,
+        log: SessionLog,
+        model: Model,
+        system_prompt: str,
+        records: Sequence[Record],
+        tasks: asyncio.TaskGroup,
+    ) -> Agent:
+        """A subagent: its own log, this agent's executor, tools, clock, cwd and parallelism."""
+        return Agent(
+            log=log,
+            model=model,
+            executor=self._executor,
+            registry=self._registry,
+            records=records,
+            system_prompt=system_prompt,
+            cwd=self._cwd,
+            tasks=tasks,
+            max_parallel=self._max_parallel,
+            clock=self._clock,
+        )
 
-    async def _turn_stopping(self, turn: int, signal: Any) -> None:
-        for hook in self._hooks:
-            if isinstance(hook, TurnStopping):
-                await hook.fn(turn, signal=signal)
-
-    def _on_step(self, turn: int, step: int) -> None:
+    def _on_step(self, step: int) -> None:
         phase = self._phase
         if isinstance(phase, _Running):
             phase.step = step
@@ -434,13 +495,10 @@ class Agent:
         seconds = [b.seconds for b in self._budgets if b.seconds is not None]
         if seconds:
             limit = min(seconds)
-            self._budget_timer = asyncio.get_running_loop().create_task(
-                self._budget_after(limit, controller)
+            self._budget_timer = self._clock.call_at(
+                self._clock.monotonic() + limit,
+                lambda: controller.abort(Hook(f"turn budget exceeded: {limit:g}s")),
             )
-
-    async def _budget_after(self, limit: float, controller: AbortController) -> None:
-        await self._clock.sleep(limit)
-        controller.abort(Hook(f"turn budget exceeded: {limit:g}s"))
 
     def _disarm_budget(self) -> None:
         if self._budget_timer is not None:
@@ -454,14 +512,9 @@ class Agent:
                 if isinstance(value, int):
                     self.usage[key] += value
 
-    def _report_error(self, error: BaseException) -> None:
-        _log.error("turn failed: %s: %s", type(error).__name__, error)
-        self._publish_live(
-            {
-                "type": "agent/error",
-                "error": {"code": "INTERNAL", "message": f"{type(error).__name__}: {error}"},
-            }
-        )
+    def _report_error(self, code: str, message: str) -> None:
+        _log.error("turn failed (%s): %s", code, message)
+        self._publish_live({"type": "agent/error", "error": {"code": code, "message": message}})
 
     # -- status and subscribers --------------------------------------------------------------
 
@@ -487,10 +540,12 @@ class Agent:
     # -- closing -----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Dispose: cancel with ``Disposed``, wait until idle. Sends after this raise."""
+        """Dispose: ``cancel(Disposed())`` (which clears the inbox durably, as any cancel without
+        ``keep_inbox`` does: a resumed session never runs work its user walked away from), then
+        wait until idle. Sends after this raise."""
         if self._closing:
             return
-        self.cancel(Disposed(), keep_inbox=True)
+        self.cancel(Disposed())
         self._closing = True
         while not isinstance(self._phase, _Idle):
             await self._wait_changed()

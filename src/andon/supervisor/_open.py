@@ -3,6 +3,7 @@ Agent, and take it all down again (leaving no process behind) when the block end
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -21,7 +22,7 @@ from andon.session import (
     SessionStart,
     fold_state,
 )
-from andon.supervisor._agent import Agent
+from andon.supervisor._agent import Agent, check_max_parallel
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
 from andon.supervisor._pool import WorkerPool, WorkerPoolConfig
@@ -63,10 +64,17 @@ async def open_agent(
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
-    Leaving the block disposes the agent: ``cancel(Disposed())``, wait until idle, stop the worker
-    pool (no process is left behind), close the log. With ``workers``, an already running pool is
-    used (several sessions of one process may share one) and is left running.
+    Leaving the block disposes the agent: ``cancel(Disposed())`` (the inbox is cleared durably),
+    wait until idle, stop the worker pool (no process is left behind), close the log. With
+    ``workers``, an already running pool is used (several sessions of one process may share one)
+    and is left running.
+
+    The block owns an ``asyncio.TaskGroup``: every task the agent starts (its turn driver, and
+    through it the step's tool calls and subagents) is a child of it and has ended when the block
+    ends.
     """
+    if max_parallel is not None:
+        check_max_parallel(max_parallel)  # before anything is opened: a bad value loses nothing
     clock = clock or SystemClock()
     registry = tools if tools is not None else default()
     pool_config = pool or WorkerPoolConfig()
@@ -121,6 +129,7 @@ async def open_agent(
                 env_add={"ANDON_SESSION": str(log.session_dir)},
                 env_remove=hidden,
             )
+            tasks = await stack.enter_async_context(asyncio.TaskGroup())
             agent = Agent(
                 log=log,
                 model=model,
@@ -129,15 +138,24 @@ async def open_agent(
                 records=[*loaded, first],
                 system_prompt=prompt,
                 cwd=workdir,
+                tasks=tasks,
                 hooks=hooks,
-                max_parallel=max_parallel or pool_config.size,
+                max_parallel=max_parallel if max_parallel is not None else pool_config.size,
                 clock=clock,
                 next_turn=next_turn,
                 next_step=next_step,
             )
+            # The caller's own exception must leave this block as it came in: a TaskGroup would
+            # wrap it in an ExceptionGroup, so it is held across the group's exit, then re-raised.
+            held: BaseException | None = None
             try:
                 yield agent
+            except BaseException as e:
+                held = e
             finally:
                 await agent.aclose()
+            if held is not None:
+                await stack.aclose()  # the group (every task has ended), then the pool
+                raise held
     finally:
         await log.aclose()

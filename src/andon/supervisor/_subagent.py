@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import andon
 from andon.base import AbortSignal, ErrorCode, Parent, session_id
@@ -36,11 +36,9 @@ from andon.session import (
     fold_consumed_work,
     read,
 )
+from andon.supervisor._host import TurnHost
 from andon.supervisor._outcome import ToolOutcome
 from andon.workers import Tool
-
-if TYPE_CHECKING:
-    from andon.supervisor._agent import Agent
 
 __all__ = ["SubagentCall", "subagent_tool"]
 
@@ -52,9 +50,9 @@ _DEFAULT_PROMPT = (
 
 @dataclass(frozen=True)
 class SubagentCall:
-    """What the driver hands a supervisor tool."""
+    """What the driver hands a supervisor tool: the parent turn's host, the call and its signal."""
 
-    parent: Agent
+    host: TurnHost
     call_id: str
     arguments: dict[str, Any]
     signal: AbortSignal
@@ -89,12 +87,10 @@ def subagent_tool(
 
 
 async def _run_child(call: SubagentCall, model: Model, prompt: str) -> ToolOutcome:
-    from andon.supervisor._agent import Agent  # the child is an Agent too
-
-    parent = call.parent
-    folder = Path(parent.session_dir) / "subagents" / call.call_id
-    started_at = parent._clock.monotonic()
-    log = SessionLog.open(folder, clock=parent._clock)
+    host = call.host
+    folder = host.session_dir / "subagents" / call.call_id
+    started_at = host.clock.monotonic()
+    log = SessionLog.open(folder, clock=host.clock)
     try:
         info = model.info
         first = log.append(
@@ -102,45 +98,40 @@ async def _run_child(call: SubagentCall, model: Model, prompt: str) -> ToolOutco
                 FORMAT_VERSION,
                 session_id(),
                 andon.__version__,
-                parent._clock.time(),
-                parent._cwd,
+                host.clock.time(),
+                host.cwd,
                 ModelInfo(info.spec, info.provider, info.name),
                 prompt,
                 os.getpid(),
                 socket.gethostname(),
             )
         )
-        child = Agent(
-            log=log,
-            model=model,
-            executor=parent._executor,
-            registry=parent._registry,
-            records=[first],
-            system_prompt=prompt,
-            cwd=parent._cwd,
-            max_parallel=parent._max_parallel,
-            clock=parent._clock,
-        )
-        # The parent's cancel reaches the child as Parent(); the link dies with the call.
-        handle = call.signal.add_callback(lambda _cause: child.cancel(Parent()))
-        # The child's records reach the parent's subscribers as live events, so a UI (or a test)
-        # can follow the child without reading its file.
-        forward = asyncio.get_running_loop().create_task(_forward(child, parent, call.call_id))
-        try:
-            child.followup(str(call.arguments["task"]))
-            await child.when_idle()
-        finally:
-            handle.remove()
-            await child.aclose()  # ends the child's event stream, and so the forwarder
-            await forward
+        # The child's tasks (its driver, and the forwarder below) are children of this group:
+        # the tool returns only when every one of them has ended.
+        async with asyncio.TaskGroup() as tasks:
+            child = host.open_child(
+                log=log, model=model, system_prompt=prompt, records=[first], tasks=tasks
+            )
+            # The subscription starts here, synchronously, so the forwarder misses nothing the
+            # child writes from its first turn/start on.
+            stream = child.events()
+            tasks.create_task(_forward(stream, host, call.call_id))
+            # The parent's cancel reaches the child as Parent(); the link dies with the call.
+            handle = call.signal.add_callback(lambda _cause: child.cancel(Parent()))
+            try:
+                child.followup(str(call.arguments["task"]))
+                await child.when_idle()
+            finally:
+                handle.remove()
+                await child.aclose()  # ends the child's event stream, and so the forwarder
     finally:
         await log.aclose()
-    return _outcome(call, folder, parent._clock.monotonic() - started_at)
+    return _outcome(call, folder, host.clock.monotonic() - started_at)
 
 
-async def _forward(child: Agent, parent: Agent, call_id: str) -> None:
-    async for item in child.events():
-        parent._publish_live({"type": "subagent/event", "call_id": call_id, "event": item})
+async def _forward(stream: AsyncIterator[dict[str, Any]], host: TurnHost, call_id: str) -> None:
+    async for item in stream:
+        host.log.publish({"type": "subagent/event", "call_id": call_id, "event": item})
 
 
 def _outcome(call: SubagentCall, folder: Path, duration: float) -> ToolOutcome:

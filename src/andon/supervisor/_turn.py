@@ -16,10 +16,10 @@ live together, and splitting them would scatter invariants that must be read sid
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from andon.base import (
     AbortController,
@@ -32,8 +32,10 @@ from andon.base import (
     call_id,
 )
 from andon.llm import (
+    Chunk,
     Finish,
     ModelRequest,
+    OnAttempt,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
@@ -68,12 +70,21 @@ from andon.session import (
     UserMessageEntered,
 )
 from andon.supervisor._executor import ExecutionObserver, ToolCallRequest, aborted_before_dispatch
-from andon.supervisor._hooks import Deny, PostTool, PreTool, Reject, ToolCallInfo, call_pre_step
+from andon.supervisor._hooks import (
+    Deny,
+    GiveUp,
+    OnRequestError,
+    PostTool,
+    PreTool,
+    Reject,
+    Retry,
+    ToolCallInfo,
+    TurnStopping,
+    call_pre_step,
+)
+from andon.supervisor._host import TurnHost
 from andon.supervisor._outcome import ToolOutcome, not_run
 from andon.supervisor._subagent import SubagentCall
-
-if TYPE_CHECKING:
-    from andon.supervisor._agent import Agent
 
 __all__ = ["run_turn"]
 
@@ -140,30 +151,28 @@ class _Call:
     arguments: str
     parallel_safe: bool
     written: bool = False  # tool/call is in the log
+    committed: bool = False  # tool/result is in the log (exactly once, on every path)
     outcome: ToolOutcome | None = None
-    task: asyncio.Task[ToolOutcome] | None = None
 
 
-async def run_turn(
-    agent: Agent, turn: int, controller: AbortController, claimed: list[UserMessage]
-) -> TurnEndReason:
-    """Run turn ``turn`` (already started: ``turn/start`` and the first claim are logged)."""
-    return await _Turn(agent, turn, controller).run(claimed)
+async def run_turn(host: TurnHost, claimed: list[UserMessage]) -> TurnEndReason:
+    """Run the host's turn (already started: ``turn/start`` and the first claim are logged)."""
+    return await _Turn(host).run(claimed)
 
 
 class _Turn:
-    def __init__(self, agent: Agent, turn: int, controller: AbortController) -> None:
-        self.agent = agent
-        self.turn = turn
-        self.signal = controller.signal
+    def __init__(self, host: TurnHost) -> None:
+        self.host = host
+        self.turn = host.turn
+        self.signal = host.controller.signal
         self.ended = False
         self.step = 0
 
     def write(self, data: Any) -> None:
-        self.agent._write(data)
+        self.host.log.write(data)
 
     async def run(self, claimed: list[UserMessage]) -> TurnEndReason:
-        signal = self.signal
+        host, signal = self.host, self.signal
         reason: TurnEndReason | None = None
         sticky_max_tokens = False
         try:
@@ -171,14 +180,12 @@ class _Turn:
             while True:
                 signal.throw_if_aborted()
                 if not first:
-                    claimed = self.agent._inbox.claim_step()
+                    claimed = host.inbox.claim_step()
                 first_step = first
                 first = False
-                await self.agent._assemble_prompt(signal)
+                # Prompt assembly: the system prompt is static in this version (a checkpoint).
                 signal.throw_if_aborted()
-                verdict = await call_pre_step(
-                    self.agent._hooks, claimed, self.turn, self.step + 1, signal
-                )
+                verdict = await call_pre_step(host.hooks, claimed, self.turn, self.step + 1, signal)
                 if isinstance(verdict, Reject):
                     reason = Blocked(verdict.by)
                     return reason
@@ -188,7 +195,7 @@ class _Turn:
                     reason = Completed()  # nothing to do: a turn with no step
                     return reason
                 self.step += 1
-                self.agent._on_step(self.turn, self.step)
+                host.on_step(self.step)
                 signal.throw_if_aborted()
                 self.write(StepStart(self.turn, self.step))
                 try:
@@ -200,12 +207,14 @@ class _Turn:
                     self.write(StepEnd(self.turn, self.step))
                 sticky_max_tokens = sticky_max_tokens or outcome.max_tokens
                 signal.throw_if_aborted()
-                if outcome.continuation or self.agent._inbox.next_step:
+                if outcome.continuation or host.inbox.next_step:
                     continue
-                await self.agent._turn_stopping(self.turn, signal)
+                for hook in host.hooks:
+                    if isinstance(hook, TurnStopping):
+                        await hook.fn(self.turn, signal=signal)
                 signal.throw_if_aborted()
                 # The re-check and turn/end share one synchronous section: no await in between.
-                if self.agent._inbox.next_step:
+                if host.inbox.next_step:
                     continue
                 reason = MaxTokens() if sticky_max_tokens else Completed()
                 self._end(reason)
@@ -224,12 +233,14 @@ class _Turn:
                 assert signal.reason is not None
                 reason = TurnAborted(signal.reason)
             elif isinstance(e, LogWriteFailed):
+                # The agent has published its own agent/error for the log failure.
                 reason = TurnFailed(str(e), ErrorCode.LOG_WRITE_FAILED.value)
             elif isinstance(e, ModelError):
                 reason = TurnFailed(str(e), e.code.value)
+                host.on_error(e.code.value, str(e))
             else:
                 reason = TurnFailed(f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
-                self.agent._report_error(e)
+                host.on_error(ErrorCode.INTERNAL.value, f"{type(e).__name__}: {e}")
             return reason
         finally:
             if reason is None:
@@ -245,10 +256,11 @@ class _Turn:
     # -- the streaming step --------------------------------------------------------------------
 
     async def _step(self) -> _StepOutcome:
-        agent, signal, turn, step = self.agent, self.signal, self.turn, self.step
+        host, signal, turn, step = self.host, self.signal, self.turn, self.step
         request = ModelRequest(
-            messages=tuple(agent._request_messages()), tools=tuple(agent._tool_schemas())
+            messages=tuple(host.request_messages()), tools=tuple(host.registry.openai_schemas())
         )
+        model_name = host.model.info.name
         reply = _Reply()
         attempt = 0
 
@@ -260,14 +272,14 @@ class _Turn:
                 if error.status is not None:
                     detail["status"] = error.status
                 self.write(LlmRetry(turn, step, n - 1, detail, float(delay or 0.0)))
-            self.write(LlmRequest(turn, step, n, agent._model_name))
+            self.write(LlmRequest(turn, step, n, model_name))
             attempt = n
             reply = _Reply()  # retries happen only before any data: start the reply afresh
-            await agent._barrier()  # durable before each model request
+            await host.log.barrier()  # durable before each model request
             signal.throw_if_aborted()
 
         try:
-            async for chunk in agent._model.stream(request, signal, on_attempt):
+            async for chunk in self._stream(request, on_attempt):
                 signal.throw_if_aborted()  # before logging every chunk
                 delta = reply.add(chunk)
                 if delta is not None:
@@ -278,6 +290,26 @@ class _Turn:
                 self._salvage(reply)
             raise
         return await self._commit(reply)
+
+    def _stream(self, request: ModelRequest, on_attempt: OnAttempt) -> AsyncIterator[Chunk]:
+        """The model's stream; an ``OnRequestError`` hook, if any, makes the retry decisions."""
+        deciders = [h for h in self.host.hooks if isinstance(h, OnRequestError)]
+        if not deciders:
+            return self.host.model.stream(request, self.signal, on_attempt)
+        hook, signal = deciders[0], self.signal
+
+        async def decide(error: ModelError, attempt: int) -> float | None:
+            verdict = await hook.fn(error, attempt, signal=signal)
+            if isinstance(verdict, Retry):
+                return verdict.delay
+            if isinstance(verdict, GiveUp):
+                return None
+            raise TypeError(
+                f"an OnRequestError hook returned {verdict!r}; it must return Retry(delay) or "
+                "GiveUp()"
+            )
+
+        return self.host.model.stream(request, signal, on_attempt, decide_retry=decide)
 
     def _salvage(self, reply: _Reply) -> None:
         """The interrupted prefix: visible text and reasoning only; every tool call dropped
@@ -308,7 +340,7 @@ class _Turn:
             raw = reply.calls[index]
             cid = call_id(self.turn, self.step, n)
             name = raw["name"] or ""
-            tool = self.agent._registry.get(name)
+            tool = self.host.registry.get(name)
             calls.append(_Call(cid, name, raw["arguments"], tool.parallel_safe if tool else False))
         dropped = None
         if finish == "length":
@@ -331,86 +363,118 @@ class _Turn:
                 dropped_tool_calls=dropped,
             )
         )
-        self.agent._add_usage(reply.usage)
+        self.host.on_usage(reply.usage)
         if finish == "length":
             return _StepOutcome(max_tokens=True)
         if not calls:
             return _StepOutcome()
-        await self._run_tools(calls)
+        await _Scheduler(self, calls).run()
         return _StepOutcome(continuation=True)
 
-    # -- tool scheduling -----------------------------------------------------------------------
 
-    async def _run_tools(self, calls: list[_Call]) -> None:
-        """Run the step's calls: parallel-safe runs concurrently up to ``max_parallel``, an
-        exclusive call alone; results committed in model order; every call answered."""
-        internal = AbortController()  # stops our own calls if the scheduler itself fails
-        with any_signal(self.signal, internal.signal) as signal:
-            committed = 0
-            try:
-                i = 0
-                while i < len(calls) and not signal.aborted:
-                    end = i + 1
-                    if calls[i].parallel_safe:
-                        while end < len(calls) and calls[end].parallel_safe:
-                            end += 1
-                    committed = await self._run_batch(calls, i, end, signal, committed)
-                    i = end
-            except BaseException as e:
-                if not self.signal.aborted:
-                    internal.abort(Hook("internal error in the tool scheduler"))
-                running = [c.task for c in calls if c.task is not None and not c.task.done()]
-                if running:
-                    await asyncio.gather(*running, return_exceptions=True)
-                for c in calls:
-                    if c.task is not None and c.task.done() and c.outcome is None:
-                        with contextlib.suppress(BaseException):
-                            c.outcome = c.task.result()
+class _Scheduler:
+    """One step's tool calls: a run of parallel-safe calls executes concurrently up to
+    ``max_parallel`` (a TaskGroup and a semaphore), an exclusive call alone; results are committed
+    in model order; every call is answered exactly once, on every path.
+
+    A failure of the scheduler itself (a raising hook, a failed log write, an andon bug) never
+    abandons a running call: it stops the step's calls cooperatively through an internal signal,
+    lets the TaskGroup drain them (its body ends normally; we never cancel a call's task), answers
+    whatever has no result with ``INTERNAL``, and re-raises.
+    """
+
+    def __init__(self, turn: _Turn, calls: list[_Call]) -> None:
+        self.t = turn
+        self.calls = calls
+        self.next = 0  # the first call whose tool/result is not written yet
+        self.dispatched: set[str] = set()  # call ids handed to the executor (or a supervisor tool)
+        self.internal = AbortController()
+        self.finished = asyncio.Event()  # some call's outcome has arrived
+
+    async def run(self) -> None:
+        with any_signal(self.t.signal, self.internal.signal) as signal:
+            failure: BaseException | None = None
+            i = 0
+            while i < len(self.calls) and not signal.aborted and failure is None:
+                end = i + 1
+                if self.calls[i].parallel_safe:
+                    while end < len(self.calls) and self.calls[end].parallel_safe:
+                        end += 1
+                failure = await self._batch(self.calls[i:end], signal)
+                i = end
+            if failure is not None:
+                for c in self.calls:
                     if c.outcome is None:
-                        c.outcome = _internal_outcome(c.call_id, e)
-                committed = await self._commit_ready(calls, committed, post_hooks=False)
-                raise
-            # Every call that never started: a skip result (a pair, if tool/call is not written).
-            for c in calls:
-                if c.outcome is None:
-                    c.outcome = aborted_before_dispatch(c.call_id)
-            await self._commit_ready(calls, committed)
+                        c.outcome = _internal_outcome(c.call_id, failure)
+                while self._commit_next() is not None:
+                    pass  # no PostTool after a failure: the turn is failing
+                raise failure
+        # Every call that never started: a skip result (a pair, if tool/call is not written).
+        for c in self.calls:
+            if c.outcome is None:
+                c.outcome = aborted_before_dispatch(c.call_id)
+        await self._commit_ready()
 
-    async def _run_batch(
-        self, calls: list[_Call], start: int, end: int, signal: AbortSignal, committed: int
-    ) -> int:
-        cap = max(1, self.agent._max_parallel)
-        nxt = start
-        running: set[asyncio.Task[ToolOutcome]] = set()
-        while True:
-            while nxt < end and len(running) < cap and not signal.aborted:
-                call = calls[nxt]
-                nxt += 1
-                outcome = await self._start_call(call, signal)
-                if outcome is not None:
-                    call.outcome = outcome
-                else:
-                    call.task = asyncio.create_task(self._execute(call, signal))
-                    running.add(call.task)
-            committed = await self._commit_ready(calls, committed)
-            if not running:
-                return committed
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                running.discard(task)
-                owner = next(c for c in calls if c.task is task)
-                owner.outcome = task.result()
+    async def _batch(self, batch: list[_Call], signal: AbortSignal) -> BaseException | None:
+        """Run one batch to its end; return the failure that stopped it, if any."""
+        slots = asyncio.Semaphore(self.t.host.max_parallel)
+        failure: BaseException | None = None
+        async with asyncio.TaskGroup() as running:
+            try:
+                for call in batch:
+                    await slots.acquire()
+                    if signal.aborted:
+                        slots.release()
+                        break  # no further call starts
+                    outcome = await self._start(call, signal)
+                    if outcome is None:
+                        self.dispatched.add(call.call_id)
+                        running.create_task(self._run_one(call, signal, slots))
+                    else:
+                        call.outcome = outcome
+                        slots.release()
+                    await self._commit_ready()
+                while True:
+                    await self._commit_ready()
+                    if not any(self._running(c) for c in batch):
+                        break
+                    # No await between the check above and the wait: an outcome that arrives
+                    # sets the event after this clear.
+                    self.finished.clear()
+                    await self.finished.wait()
+            except BaseException as e:  # also a teardown's CancelledError: drain, then re-raise
+                failure = e
+                if not self.t.signal.aborted:
+                    self.internal.abort(Hook("internal error in the tool scheduler"))
+        return failure
 
-    async def _start_call(self, call: _Call, signal: AbortSignal) -> ToolOutcome | None:
+    def _running(self, call: _Call) -> bool:
+        return call.call_id in self.dispatched and call.outcome is None
+
+    async def _run_one(self, call: _Call, signal: AbortSignal, slots: asyncio.Semaphore) -> None:
+        try:
+            call.outcome = await self._execute(call, signal)
+        except Exception as e:
+            # The executor answers every call it was given; if it ever raises anyway, the call
+            # still gets exactly one (INTERNAL) result and the step's other calls are stopped.
+            call.outcome = _internal_outcome(call.call_id, e)
+            if not self.t.signal.aborted:
+                self.internal.abort(Hook("internal error in the tool executor"))
+        finally:
+            slots.release()
+            self.finished.set()
+
+    async def _start(self, call: _Call, signal: AbortSignal) -> ToolOutcome | None:
         """Write tool/call, make it durable, ask the pre-tool hooks. None: dispatch it."""
-        self.write(ToolCall(self.turn, self.step, call.call_id, call.name, call.arguments))
+        t = self.t
+        t.write(ToolCall(t.turn, t.step, call.call_id, call.name, call.arguments))
         call.written = True
         # A tool's side effects never begin before its tool/call is on disk.
-        await self.agent._barrier()
+        await t.host.log.barrier()
         if signal.aborted:
             return aborted_before_dispatch(call.call_id)
-        info = ToolCallInfo(call.call_id, call.name, call.arguments, self.turn, self.step)
-        for hook in self.agent._hooks:
+        info = ToolCallInfo(call.call_id, call.name, call.arguments, t.turn, t.step)
+        for hook in t.host.hooks:
             if isinstance(hook, PreTool):
                 verdict = await hook.fn(info, signal=signal)
                 if isinstance(verdict, Deny):
@@ -420,41 +484,50 @@ class _Turn:
         return None
 
     async def _execute(self, call: _Call, signal: AbortSignal) -> ToolOutcome:
-        request = ToolCallRequest(
-            call.call_id, call.name, call.arguments, self.agent._cwd, self.agent._owner
-        )
-        tool = self.agent._registry.get(call.name)
+        host = self.t.host
+        request = ToolCallRequest(call.call_id, call.name, call.arguments, host.cwd, host.owner)
+        tool = host.registry.get(call.name)
         if tool is not None and tool.kind == "supervisor":
-            prepared = self.agent._executor.prepare(request)
+            prepared = host.executor.prepare(request)
             if isinstance(prepared, ToolOutcome):
                 return prepared
             assert tool.fn is not None
             result: ToolOutcome = await tool.fn(
-                SubagentCall(self.agent, call.call_id, prepared[1], signal)
+                SubagentCall(host, call.call_id, prepared[1], signal)
             )
             return result
-        observer = _LogObserver(self, call.call_id)
-        return await self.agent._executor.execute(request, signal, observer)
+        return await host.executor.execute(request, signal, _LogObserver(self.t, call.call_id))
 
-    async def _commit_ready(
-        self, calls: list[_Call], committed: int, *, post_hooks: bool = True
-    ) -> int:
-        """Write results in model order, as far as they are available."""
-        while committed < len(calls) and calls[committed].outcome is not None:
-            call = calls[committed]
+    def _commit_next(self) -> _Call | None:
+        """Write the next call's result (and its tool/call if missing), if it has one."""
+        if self.next >= len(self.calls) or self.calls[self.next].outcome is None:
+            return None
+        call = self.calls[self.next]
+        outcome = call.outcome
+        assert outcome is not None and not call.committed
+        t = self.t
+        if not call.written:
+            t.write(ToolCall(t.turn, t.step, call.call_id, call.name, call.arguments))
+            call.written = True
+        t.write(_result_record(t.turn, t.step, outcome))
+        # Counted before any hook runs: a raising hook can never make a result be written twice.
+        call.committed = True
+        self.next += 1
+        return call
+
+    async def _commit_ready(self) -> None:
+        """Write results in model order, as far as they are available; ``PostTool`` hooks run
+        once for each call that ran (never for one that did not: there is nothing to observe)."""
+        while (call := self._commit_next()) is not None:
             outcome = call.outcome
             assert outcome is not None
-            if not call.written:
-                self.write(ToolCall(self.turn, self.step, call.call_id, call.name, call.arguments))
-                call.written = True
-            self.write(_result_record(self.turn, self.step, outcome))
-            committed += 1
-            if post_hooks:
-                info = ToolCallInfo(call.call_id, call.name, call.arguments, self.turn, self.step)
-                for hook in self.agent._hooks:
-                    if isinstance(hook, PostTool):
-                        await hook.fn(info, outcome, signal=self.signal)
-        return committed
+            if outcome.ended_by == "not-run":
+                continue
+            t = self.t
+            info = ToolCallInfo(call.call_id, call.name, call.arguments, t.turn, t.step)
+            for hook in t.host.hooks:
+                if isinstance(hook, PostTool):
+                    await hook.fn(info, outcome, signal=t.signal)
 
 
 class _LogObserver(ExecutionObserver):
@@ -486,7 +559,7 @@ class _LogObserver(ExecutionObserver):
         t.write(ToolSignal(t.turn, t.step, call_id, stage, round(at, 6), targets))  # type: ignore[arg-type]
 
     def on_output(self, call_id: str, data: bytes) -> None:
-        self.turn.agent._publish_live(
+        self.turn.host.log.publish(
             {"type": "tool/output", "call_id": call_id, "text": data.decode("utf-8", "replace")}
         )
 
@@ -515,4 +588,6 @@ def _denied(call_id: str, reason: str) -> ToolOutcome:
 
 def _internal_outcome(call_id: str, error: BaseException) -> ToolOutcome:
     message = f"internal error in andon's tool scheduler: {type(error).__name__}: {error}"
+    if isinstance(error, asyncio.CancelledError):
+        message = "the turn was torn down before this call had a result"
     return not_run(call_id, ErrorCode.INTERNAL, "InternalError", message)
