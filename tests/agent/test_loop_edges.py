@@ -140,6 +140,31 @@ async def test_a_steer_during_the_turn_end_barrier_runs(tmp_path: Path) -> None:
     assert_sound(tmp_path)
 
 
+async def test_a_steer_in_the_turn_end_barrier_runs_through_open_agent(tmp_path: Path) -> None:
+    box: list[Agent] = []
+    steered: list[str] = []
+
+    def steer() -> None:
+        steered.append(box[0].steer("more"))
+
+    async def schedule(turn: int, *, signal: Any) -> None:
+        # This hook returns without suspending; the driver then writes turn/end in the same
+        # synchronous section and awaits the barrier that makes it durable: the first moment the
+        # loop runs a callback scheduled here is inside that barrier.
+        if turn == 1:
+            asyncio.get_running_loop().call_soon(steer)
+
+    replies = [{"text": "one"}, {"text": "two"}]
+    async with agent_for(tmp_path, replies, hooks=[TurnStopping(schedule)]) as agent:
+        box.append(agent)
+        agent.followup("first")
+        await agent.when_idle()
+        assert steered
+    assert entered(tmp_path) == ["first", "more"]
+    assert turn_ends(tmp_path) == [{"kind": "completed"}, {"kind": "completed"}]
+    assert_sound(tmp_path)
+
+
 TWO_CALLS = {
     "tool_calls": [
         {"name": "bash", "arguments": {"command": "echo one"}},
