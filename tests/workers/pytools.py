@@ -137,3 +137,15 @@ def more_tools() -> andon.tools.ToolRegistry:
     for t in (exit_statuses, leaves_things, reason_probe, kills_its_worker, cooperative_sync):
         reg.add(t)
     return reg
+
+
+@andon.tools.tool
+def takes_data(data: dict) -> str:  # type: ignore[type-arg]
+    """Takes any JSON object; says how many keys it has."""
+    return str(len(data))
+
+
+def data_tools() -> andon.tools.ToolRegistry:
+    reg = more_tools()
+    reg.add(takes_data)
+    return reg

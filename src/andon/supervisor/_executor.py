@@ -10,15 +10,32 @@ signal aborts with it) and how far off KILL is, so the worker keeps no timeline 
 
 Everything that can happen to a call arrives on one queue (worker messages, the abort, ``force``,
 timer ticks), so the timeline is a single sequential loop with no races between its branches.
+Timers are :meth:`Clock.call_at` callbacks that put a tick on that queue: no task per timer.
+
+**Every call is answered, and nothing of it outlives its answer.** A bad call is answered before
+any worker is taken: arguments the wire cannot carry (an integer beyond 64 bits, a lone surrogate
+in a string, nesting deeper than the protocol takes, a message over the size limit) are
+``INVALID_ARGUMENTS`` naming the field, like any argument that fails the schema: the model sent
+them and can send better ones, and nothing about them is an andon bug. A failure *inside* the
+executor once the call is dispatched (an observer callback that raises, the spill, building the
+outcome, a message that cannot be sent, the clock) is andon's: the call is stopped by the same
+ladder as a cancel (or, when the worker can no longer be told, by killing the worker with the
+call's processes), and answered ``INTERNAL``, its content starting ``Error:`` and naming what
+failed. Its worker goes back to the pool when it is known to be idle (its result came through, or
+nothing was sent), and is retired otherwise. A cancel still wins: if the turn's signal aborted,
+the call's real drained result is its answer.
+
+(The module is larger than most: one call's whole life — validation for the wire, dispatch, the
+timeline and every way it can end — stays in one place so that no path can skip its answer.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +46,29 @@ from andon.base import (
     Clock,
     ErrorCode,
     GracePolicy,
+    Hook,
+    MessageTooLarge,
     SystemClock,
+    Timer,
+    WorkerError,
     call_tag,
     executor_id,
 )
 from andon.protocol import (
+    MAX_JSON_DEPTH,
     OUTPUT_WINDOW,
     Ack,
     Cancel,
     CancelStage,
     ErrorInfo,
     ErrorReply,
+    Message,
     Output,
     Result,
     Run,
     Signalled,
     Started,
+    encode,
 )
 from andon.supervisor._outcome import ToolOutcome, not_run, status_line
 from andon.supervisor._pool import WorkerGone, WorkerLease, WorkerPool
@@ -53,7 +77,12 @@ from andon.supervisor._spill import DEFAULT_SPILL_CAP, Spill
 from andon.supervisor._timeline import STAGES, Lost, Running, Stopping, Timeline, Why
 from andon.workers import ArgumentError, Tool, ToolRegistry, validate_arguments
 
-__all__ = ["ExecutionObserver", "ToolCallRequest", "ToolExecutor", "aborted_before_dispatch"]
+__all__ = [
+    "ExecutionObserver",
+    "ToolCallRequest",
+    "ToolExecutor",
+    "aborted_before_dispatch",
+]
 
 
 @dataclass(frozen=True)
@@ -94,6 +123,25 @@ class _Force:
 
 _TICK, _ABORT, _FORCE = _Tick(), _Abort(), _Force()
 
+_log = logging.getLogger("andon.executor")
+
+# What msgpack can carry as an integer (the wire's own range): a model can write any JSON number.
+_WIRE_INT_MIN, _WIRE_INT_MAX = -(2**63), 2**64 - 1
+
+_INTERNAL_CAUSE = Hook("internal error in andon")
+"""What a Python tool's signal aborts with when the executor stops a call after its own failure."""
+
+
+class _Failure(Exception):
+    """One step of a running call failed; names the step. Never leaves this module."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        super().__init__(f"{what} failed: {_describe(error)}")
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
 
 def aborted_before_dispatch(call_id: str) -> ToolOutcome:
     return not_run(
@@ -102,6 +150,78 @@ def aborted_before_dispatch(call_id: str) -> ToolOutcome:
         "Aborted",
         "tool call aborted before dispatch",
     )
+
+
+def _internal_not_run(call_id: str, failure: str) -> ToolOutcome:
+    return not_run(
+        call_id,
+        ErrorCode.INTERNAL,
+        "InternalError",
+        f"internal error in andon's executor: {failure}; the call did not run",
+    )
+
+
+def _invalid(call_id: str, tool: Tool, problem: str) -> ToolOutcome:
+    return not_run(
+        call_id,
+        ErrorCode.INVALID_ARGUMENTS,
+        "InvalidArguments",
+        f"invalid arguments for {tool.name}: {problem}",
+    )
+
+
+def _check_wire_arguments(arguments: Mapping[str, Any]) -> None:
+    """Raise :class:`ArgumentError`, naming the field, if the wire cannot carry ``arguments``
+    to a worker as the model wrote them (the worker would get something else, or nothing)."""
+    for name, value in arguments.items():
+        _check_wire_key(name, "arguments")
+        _check_wire(value, name, 1)
+
+
+def _check_wire_key(key: object, where: str) -> None:
+    if not isinstance(key, str):
+        raise ArgumentError(f"{where} has a key that is not a string: {key!r}")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ArgumentError(
+            f"{where} has a key that is not valid Unicode text (a lone surrogate at {e.start})",
+            field=key,
+        ) from None
+
+
+def _check_wire(value: object, path: str, depth: int) -> None:
+    if value is None or isinstance(value, bool | float):
+        return
+    if isinstance(value, int):
+        if not _WIRE_INT_MIN <= value <= _WIRE_INT_MAX:
+            raise ArgumentError(
+                f"field {path!r} is an integer beyond 64 bits, which andon cannot pass to a tool",
+                field=path,
+            )
+        return
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ArgumentError(
+                f"field {path!r} is not valid Unicode text (a lone surrogate at position "
+                f"{e.start})",
+                field=path,
+            ) from None
+        return
+    if isinstance(value, list | tuple | dict) and depth >= MAX_JSON_DEPTH:
+        raise ArgumentError(f"field {path!r} nests deeper than {MAX_JSON_DEPTH} levels", field=path)
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_wire(item, f"{path}[{i}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_wire_key(key, f"field {path!r}")
+            _check_wire(item, f"{path}.{key}", depth + 1)
+        return
+    raise ArgumentError(f"field {path!r} is not a JSON value: {type(value).__name__}", field=path)
 
 
 class ToolExecutor:
@@ -158,13 +278,13 @@ class ToolExecutor:
             )
         try:
             arguments = validate_arguments(tool.parameters, request.arguments)
+            if tool.kind != "supervisor":  # a supervisor tool's arguments never cross the wire
+                _check_wire_arguments(arguments)
         except ArgumentError as e:
-            return not_run(
-                request.call_id,
-                ErrorCode.INVALID_ARGUMENTS,
-                "InvalidArguments",
-                f"invalid arguments for {tool.name}: {e}",
-            )
+            return _invalid(request.call_id, tool, str(e))
+        except RecursionError:
+            # json.loads gives up on nesting deeper than Python's stack: a bad call, not a bug.
+            return _invalid(request.call_id, tool, "arguments nest too deeply")
         return tool, arguments
 
     def timeout_for(self, tool: Tool, arguments: Mapping[str, Any]) -> float | None:
@@ -184,6 +304,43 @@ class ToolExecutor:
         for queue in list(self._inflight):
             queue.put_nowait(_FORCE)
 
+    def _ready(self, request: ToolCallRequest) -> _Ready | ToolOutcome:
+        """Everything up to the wire: the tool, its arguments, and the run message encoded.
+        Encoding before a worker is taken means a message that cannot be sent never holds one."""
+        prepared = self.prepare(request)
+        if isinstance(prepared, ToolOutcome):
+            return prepared
+        tool, arguments = prepared
+        timeout = self.timeout_for(tool, arguments)
+        grace = tool.grace or self.grace
+        run = Run(
+            call_id=request.call_id,
+            tool=tool.name,
+            tag=call_tag(request.owner or self.identity, request.call_id),
+            arguments=arguments,
+            cwd=request.cwd,
+            timeout=timeout,
+            grace=grace,
+            output_head_bytes=self.head_bytes,
+            output_tail_bytes=self.tail_bytes,
+            env_add={**self.env_add, "ANDON_CALL_ID": request.call_id},
+            env_remove=self.env_remove,
+        )
+        try:
+            frames = encode(run, max_bytes=self.pool.config.max_message_bytes)
+        except MessageTooLarge as e:
+            return _invalid(
+                request.call_id,
+                tool,
+                f"the call is {e.size} bytes on the wire, over the limit of {e.limit} bytes "
+                "(send less at a time)",
+            )
+        except (TypeError, ValueError) as e:
+            # The arguments passed _check_wire_arguments: what the wire refuses is andon's own
+            # part of the message (a working folder or a session path that is not UTF-8, say).
+            return _internal_not_run(request.call_id, f"encoding the run message failed: {e}")
+        return _Ready(tool, arguments, run, tuple(frames))
+
     # -- one call ----------------------------------------------------------------------------
 
     async def execute(
@@ -192,27 +349,63 @@ class ToolExecutor:
         signal: AbortSignal,
         observer: ExecutionObserver | None = None,
     ) -> ToolOutcome:
-        """Run one call to its end and return its outcome; never raises for the call's fate."""
-        prepared = self.prepare(request)
-        if isinstance(prepared, ToolOutcome):
-            return prepared
-        tool, arguments = prepared
+        """Run one call to its end and return its outcome.
+
+        Never raises for the call's fate, nor for a failure inside the executor: that answers
+        the call ``INTERNAL`` once the call is stopped and its worker released or retired. Only
+        this task's own cancellation propagates; the call is then killed with its worker, at once.
+        """
+        try:
+            ready = self._ready(request)
+        except Exception as e:
+            return _internal_not_run(request.call_id, f"preparing the call failed: {_describe(e)}")
+        if isinstance(ready, ToolOutcome):
+            return ready
         if signal.aborted:
             return aborted_before_dispatch(request.call_id)
         try:
             lease = await self.pool.acquire(signal)
         except Aborted:
             return aborted_before_dispatch(request.call_id)
-        run = _RunningCall(
-            self, request, tool, arguments, lease, signal, observer or ExecutionObserver()
-        )
+        except WorkerError as e:  # the pool is closed (or failed): no worker will ever come
+            return not_run(
+                request.call_id,
+                ErrorCode.WORKER_LOST,
+                "WorkerLost",
+                f"no worker to run the call: {e}",
+            )
+        except Exception as e:
+            return _internal_not_run(request.call_id, f"getting a worker failed: {_describe(e)}")
+        try:
+            call = _RunningCall(
+                self, request, ready, lease, signal, observer or ExecutionObserver()
+            )
+        except Exception as e:
+            lease.release()  # nothing was sent
+            return _internal_not_run(request.call_id, f"setting up the call failed: {_describe(e)}")
         self._inflight.add(lease.messages)
         try:
-            return await run.drive()
+            return await call.drive()
+        except BaseException:
+            # drive() answers every failure, so this is the task's own cancellation (or an
+            # exit): nothing will follow the call any more, so it ends now, with its worker
+            # (synchronously: cleanup after a cancel is bounded).
+            if not call.result_received:
+                call.retire("the task running its call was cancelled")
+            raise
         finally:
             self._inflight.discard(lease.messages)
-            if lease.alive and run.result_received:
-                lease.release()
+            call.settle()
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A call validated and encoded, waiting for a worker."""
+
+    tool: Tool
+    arguments: dict[str, Any]
+    run: Run
+    frames: tuple[bytes, ...]
 
 
 class _RunningCall:
@@ -222,27 +415,31 @@ class _RunningCall:
         self,
         executor: ToolExecutor,
         request: ToolCallRequest,
-        tool: Tool,
-        arguments: dict[str, Any],
+        ready: _Ready,
         lease: WorkerLease,
         signal: AbortSignal,
         observer: ExecutionObserver,
     ) -> None:
         self.ex = executor
         self.request = request
-        self.tool = tool
-        self.arguments = arguments
+        self.tool = ready.tool
+        self.arguments = ready.arguments
+        self.ready = ready
         self.lease = lease
         self.signal = signal
         self.observer = observer
-        self.grace = tool.grace or executor.grace
-        self.timeout = executor.timeout_for(tool, arguments)
+        self.grace = ready.run.grace
+        self.timeout = ready.run.timeout
         self.queue: asyncio.Queue[object] = lease.messages
         self.clock = executor.clock
         self.t0 = 0.0  # when the run was sent, on the executor's clock
         self.timeline: Timeline = Running(0.0, self.timeout)
+        self.dispatched = False  # the run may have reached the worker
         self.result_received = False
+        self.retired = False
+        self.failure: str | None = None  # the first failure inside the executor, if any
         self.started: Started | None = None
+        self.last_result: Result | None = None
         self.acked = 0  # output bytes consumed, as the worker was last told
         self.spill = Spill(
             executor.session_dir,
@@ -250,7 +447,7 @@ class _RunningCall:
             executor.head_bytes + executor.tail_bytes,
             executor.spill_cap,
         )
-        self._timer: asyncio.Task[None] | None = None
+        self._timer: Timer | None = None
 
     @property
     def python(self) -> bool:
@@ -267,38 +464,54 @@ class _RunningCall:
     async def drive(self) -> ToolOutcome:
         handle = self.signal.add_callback(lambda _cause: self.queue.put_nowait(_ABORT))
         try:
-            env_add = {**self.ex.env_add, "ANDON_CALL_ID": self.request.call_id}
-            tag = call_tag(self.request.owner or self.ex.identity, self.request.call_id)
-            self.lease.tag = tag
-            run = Run(
-                call_id=self.request.call_id,
-                tool=self.tool.name,
-                tag=tag,
-                arguments=self.arguments,
-                cwd=self.request.cwd,
-                timeout=self.timeout,
-                grace=self.grace,
-                output_head_bytes=self.ex.head_bytes,
-                output_tail_bytes=self.ex.tail_bytes,
-                env_add=env_add,
-                env_remove=self.ex.env_remove,
-            )
+            self.lease.tag = self.ready.run.tag
             self.t0 = self.clock.monotonic()
             self.timeline = Running(self.t0, self.timeout)
-            await self.lease.send(run)  # from here on the call counts as started
+            self.dispatched = True  # from the send on, the call counts as started
+            await self._send_frames(list(self.ready.frames))
             self._schedule()
             while True:
                 item = await self.queue.get()
-                outcome = await self._handle(item)
+                try:
+                    outcome = await self._handle(item)
+                except Exception as e:
+                    failure = (
+                        str(e)
+                        if isinstance(e, _Failure)
+                        else (f"handling {_item_name(item)} failed: {_describe(e)}")
+                    )
+                    await self._fail(failure)
+                    if self.result_received:
+                        # The result came, but could not be made into an outcome: the call is
+                        # over (its worker swept it before reporting), so answer now.
+                        return self._internal(None)
+                    continue
                 if outcome is not None:
-                    return outcome
+                    return self._final(outcome)
         finally:
             handle.remove()
-            if self._timer is not None:
-                self._timer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._timer
+            self._cancel_timer()
             self.spill.close()
+
+    def settle(self) -> None:
+        """The call is over for the executor: its worker goes back to the pool if it is known to
+        be idle (its result came through, or nothing was sent), else it is retired."""
+        if not self.lease.alive or self.retired:
+            return
+        if self.result_received or not self.dispatched:
+            self.lease.release()
+        else:
+            self.retire("retired: its call ended without a result")
+
+    def retire(self, reason: str) -> None:
+        """Kill the worker and whatever its call started; its exit starts a replacement."""
+        if self.retired or not self.lease.alive:
+            return
+        self.retired = True
+        try:
+            self.lease.kill(reason)
+        except Exception:
+            _log.exception("call %s: could not kill its worker", self.request.call_id)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -306,19 +519,23 @@ class _RunningCall:
         match item:
             case Started():
                 self.started = item
-                self.observer.on_started(item, self.lease.worker_id)
+                self._observe("on_started", item, self.lease.worker_id)
             case Output():
-                self.spill.add(item.data)
-                self.observer.on_output(item.call_id, item.data)
-                # Consumed: move the worker's window on (a quarter at a time, not per chunk).
+                # The worker's window first: a failure below must not stall its output.
                 consumed = item.offset + len(item.data)
-                if consumed - self.acked >= OUTPUT_WINDOW // 4:
+                if consumed - self.acked >= OUTPUT_WINDOW // 4:  # a quarter at a time
                     self.acked = consumed
-                    await self.lease.send(Ack(call_id=self.request.call_id, offset=self.acked))
+                    await self._send(Ack(call_id=self.request.call_id, offset=self.acked))
+                try:
+                    self.spill.add(item.data)
+                except Exception as e:
+                    raise _Failure("keeping the output (the spill)", e) from e
+                self._observe("on_output", item.call_id, item.data)
             case Signalled():
-                self.observer.on_signal(item.call_id, item.stage, item.at, item.targets)
+                self._observe("on_signal", item.call_id, item.stage, item.at, item.targets)
             case Result():
                 self.result_received = True
+                self.last_result = item
                 return self._from_result(item)
             case ErrorReply():
                 # The worker refused or failed to read our message: broken means dead.
@@ -326,8 +543,12 @@ class _RunningCall:
             case WorkerGone():
                 return self._from_worker_gone(item)
             case _Abort():
-                if isinstance(self.timeline, Running):
+                timeline = self.timeline
+                if isinstance(timeline, Running):
                     await self._begin_stop("abort", self.signal.reason)
+                elif isinstance(timeline, Stopping) and timeline.why == "internal":
+                    # A cancel wins: the stop under way after a failure is now the turn's.
+                    self.timeline = replace(timeline, why="abort", cause=self.signal.reason)
             case _Force():
                 while isinstance(self.timeline, Stopping) and (
                     (stage := self.timeline.next_stage()) is not None
@@ -335,13 +556,52 @@ class _RunningCall:
                     await self._send_stage(stage)
                 self._schedule()
             case _Tick():
-                await self._on_tick()
+                return await self._on_tick()
         return None
+
+    def _observe(self, name: str, *args: Any) -> None:
+        try:
+            getattr(self.observer, name)(*args)
+        except Exception as e:
+            raise _Failure(f"the observer's {name}", e) from e
+
+    async def _fail(self, failure: str) -> None:
+        """A failure inside the executor: remember the first, and stop the call it can no
+        longer follow by the ladder a cancel takes (the worker is fine; andon is not)."""
+        if self.failure is None:
+            self.failure = failure
+            _log.error("call %s: %s", self.request.call_id, failure)
+        if isinstance(self.timeline, Running) and not self.result_received:
+            try:
+                await self._begin_stop("internal", _INTERNAL_CAUSE)
+            except Exception as e:
+                self._lose(f"andon could not stop the call after an internal error: {e!r}")
 
     def _lose(self, reason: str) -> None:
         if not isinstance(self.timeline, Lost):
-            self.timeline = Lost(reason, self.stop)
-            self.lease.kill(reason)
+            self.timeline = Lost(reason, self.stop, self.clock.monotonic())
+            self.retire(reason)
+            self._schedule()
+
+    async def _send(self, msg: Message) -> None:
+        try:
+            await self.lease.send(msg)
+        except Exception as e:
+            self._cannot_send(msg.type, e)
+
+    async def _send_frames(self, frames: list[bytes]) -> None:
+        try:
+            await self.lease.send_frames(frames)
+        except Exception as e:
+            self._cannot_send("run", e)
+
+    def _cannot_send(self, what: str, error: Exception) -> None:
+        # The worker can no longer be told what to do, so it cannot be trusted with the call:
+        # it goes, with the call's processes (the pool finds them by the call's tag).
+        if self.failure is None:
+            self.failure = f"sending the {what!r} message failed: {_describe(error)}"
+            _log.error("call %s: %s", self.request.call_id, self.failure)
+        self._lose(f"andon could not send it a {what!r} message")
 
     async def _begin_stop(self, why: Why, cause: Cause | None) -> None:
         assert isinstance(self.timeline, Running)
@@ -352,14 +612,14 @@ class _RunningCall:
         )
         await self._on_tick()
 
-    async def _on_tick(self) -> None:
+    async def _on_tick(self) -> ToolOutcome | None:
         now = self.clock.monotonic()
         timeline = self.timeline
         if isinstance(timeline, Running):
             deadline = timeline.deadline()
             if deadline is not None and now >= deadline:
                 await self._begin_stop("timeout", None)
-                return
+                return None
         elif isinstance(timeline, Stopping):
             while (
                 isinstance(self.timeline, Stopping)
@@ -376,7 +636,18 @@ class _RunningCall:
                     f"the worker did not report the call's end within "
                     f"{self.ex.kill_ack_timeout:g}s of SIGKILL"
                 )
+        elif now >= timeline.deadline(self.ex.kill_ack_timeout):
+            # The killed worker never showed its exit (it could not be signalled?): answer the
+            # call anyway; the worker was retired and is the pool's to reap.
+            return self._from_worker_gone(
+                WorkerGone(
+                    f"{timeline.reason}; it did not exit within {self.ex.kill_ack_timeout:g}s "
+                    "of being killed",
+                    on_purpose=True,
+                )
+            )
         self._schedule()
+        return None
 
     async def _send_stage(self, stage: CancelStage) -> None:
         stopping = self.timeline
@@ -386,7 +657,7 @@ class _RunningCall:
         if after is stopping:
             return
         self.timeline = after
-        await self.lease.send(
+        await self._send(
             Cancel(
                 call_id=self.request.call_id,
                 stage=stage,
@@ -397,27 +668,77 @@ class _RunningCall:
 
     def _schedule(self) -> None:
         """Arm one timer for the next deadline on the clock."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
         timeline = self.timeline
         if isinstance(timeline, Running):
             deadline = timeline.deadline()
         elif isinstance(timeline, Stopping):
             deadline = timeline.deadline(self.grace, self.ex.kill_ack_timeout)
         else:
-            deadline = None
+            deadline = timeline.deadline(self.ex.kill_ack_timeout)
         if deadline is None or not math.isfinite(deadline):
             return
-        self._timer = asyncio.get_running_loop().create_task(self._tick_at(deadline))
+        try:
+            self._timer = self.clock.call_at(deadline, self._tick)
+        except Exception as e:
+            # Without its timer the timeline cannot be kept: the call cannot wait for stages
+            # that would never come, so it ends with its worker (whose exit answers it).
+            if self.failure is None:
+                self.failure = f"arming the grace timer failed: {_describe(e)}"
+            if not isinstance(timeline, Lost):
+                self._lose("andon could not keep the call's timeline")
 
-    async def _tick_at(self, deadline: float) -> None:
-        # The delay is computed when the task runs, not when it was created: the clock may have
-        # moved in between (a test's manual clock, or a slow loop).
-        await self.clock.sleep(max(0.0, deadline - self.clock.monotonic()))
+    def _tick(self) -> None:
         self.queue.put_nowait(_TICK)
 
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     # -- outcomes ----------------------------------------------------------------------------
+
+    def _final(self, outcome: ToolOutcome) -> ToolOutcome:
+        """The answer: the outcome itself, unless andon failed along the way. A cancel still
+        wins: a call that the turn's abort stopped keeps its real drained result."""
+        if self.failure is None or (self.signal.aborted and self.result_received):
+            return outcome
+        return self._internal(outcome)
+
+    def _internal(self, drained: ToolOutcome | None) -> ToolOutcome:
+        """``INTERNAL``, after a failure inside the executor: the error first, then whatever the
+        call's drained result (or its lost worker) says."""
+        message = f"internal error in andon's executor: {self.failure}"
+        if isinstance(self.timeline, Lost):
+            message += "; andon killed its worker and the call's processes"
+        elif self.stop is not None:
+            message += "; andon stopped the call"
+        base = drained if drained is not None else self._bare_outcome()
+        content = f"Error: {message}" + (f"\n{base.content}" if base.content else "")
+        return replace(
+            base,
+            content=content,
+            is_error=True,
+            error=ErrorInfo(name="InternalError", code=ErrorCode.INTERNAL, message=message),
+        )
+
+    def _bare_outcome(self) -> ToolOutcome:
+        """What is known of a call whose result could not be turned into an outcome."""
+        result = self.last_result
+        ran = result is not None and not self.python and result.ended_by != "not-run"
+        return ToolOutcome(
+            call_id=self.request.call_id,
+            content="",
+            is_error=True,
+            ended_by=result.ended_by if result is not None else "worker-lost",
+            duration=self.clock.monotonic() - self.t0,
+            exit_code=result.exit_code if ran and result is not None else None,
+            exit_signal=result.exit_signal if ran and result is not None else None,
+            ran=ran,
+            output_bytes=self.spill.total,
+            output_file=self.spill.relpath,
+            started=self.started,
+        )
 
     def _ended_by(self, stage: str) -> Any:
         stop = self.stop
@@ -431,6 +752,10 @@ class _RunningCall:
             return None
         if stop.why == "abort":
             return ErrorInfo(name="Aborted", code=ErrorCode.ABORTED, message="tool call aborted")
+        if stop.why == "internal":  # replaced by the failure's own error (_internal)
+            return ErrorInfo(
+                name="InternalError", code=ErrorCode.INTERNAL, message="internal error in andon"
+            )
         return ErrorInfo(
             name="ToolTimeout",
             code=ErrorCode.TOOL_TIMEOUT,
@@ -452,6 +777,11 @@ class _RunningCall:
 
     def _from_result(self, result: Result) -> ToolOutcome:
         duration = self.clock.monotonic() - self.t0
+        closed = self.lease.pool_stopping
+        if closed is not None and self.stop is None and result.ended_by != "exit":
+            # The pool's close stopped the call (its worker SIGKILLs the call on ``shutdown``):
+            # say so, rather than report a SIGKILL nobody here asked for.
+            return self._from_worker_gone(WorkerGone(closed, on_purpose=True))
         if (
             result.ended_by == "not-run"
             and result.error is not None
@@ -523,3 +853,8 @@ class _RunningCall:
             started=self.started,
             stages=stop.sent if stop is not None else (),
         )
+
+
+def _item_name(item: object) -> str:
+    kind = getattr(item, "type", None)
+    return f"a worker's {kind!r} message" if isinstance(kind, str) else type(item).__name__

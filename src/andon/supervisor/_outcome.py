@@ -111,7 +111,7 @@ def _describe_cause(cause: Cause | None) -> str:
 
 def status_line(
     *,
-    reason: str | None,  # None: ended on its own; "abort" or "timeout"
+    reason: str | None,  # None: ended on its own; "abort", "timeout" or "internal"
     cause: Cause | None,
     timeout: float | None,
     stages: tuple[StageMark, ...],
@@ -125,11 +125,12 @@ def status_line(
             name = _SIGNAL_NAMES.get(exit_signal, f"signal {exit_signal}")
             return f"[terminated by {name}]"
         return f"[exit code {exit_code}]"
-    head = (
-        f"timed out after {_seconds(timeout)}"
-        if reason == "timeout" and timeout is not None and math.isfinite(timeout)
-        else _describe_cause(cause)
-    )
+    if reason == "timeout" and timeout is not None and math.isfinite(timeout):
+        head = f"timed out after {_seconds(timeout)}"
+    elif reason == "internal":
+        head = "after an internal error in andon"
+    else:
+        head = _describe_cause(cause)
     parts = [head]
     marks = []
     for mark in stages:

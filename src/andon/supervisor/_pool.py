@@ -5,6 +5,20 @@ milliseconds a worker instead of ~100 ms for a fresh interpreter); the forkserve
 worker the tool registry. The pool keeps ``size`` workers warm, watches each with a pidfd, and
 replaces any that dies. A worker that breaks the protocol is killed, reaped and replaced: broken
 means dead.
+
+**Every lease is answered.** A call's lease gets its worker's messages and, if the worker is gone
+before the call's result came through, exactly one :class:`WorkerGone`: when the worker dies, when
+andon kills it, when the pool's receiver fails, and when the pool is closed under the call (after
+the call's processes are killed). A call that asks a closed pool for a worker gets
+``WorkerError`` at once, and so does every call still waiting for one when the pool closes.
+
+Every task the pool starts (the receiver, replacements, welcomes) belongs to the pool's own
+``asyncio.TaskGroup``, entered when the pool starts and exited when it closes. The children never
+raise into it: a task group cancels the task that entered it when a child fails, and that is the
+pool's user, not the pool.
+
+(The module is larger than most: starting, watching, leasing and closing workers share one state,
+and each way a worker ends must find every lease it holds.)
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ import zmq
 import zmq.asyncio
 from multiprocess import popen_forkserver, spawn
 
-from andon.base import Aborted, AbortSignal, ProtocolError, WorkerError, procs
+from andon.base import AbortSignal, ProtocolError, WorkerError, procs
 from andon.protocol import (
     PROTOCOL_VERSION,
     ErrorReply,
@@ -41,13 +55,23 @@ from andon.protocol import (
     decode,
     encode,
 )
-from andon.workers import ToolRegistry, WorkerOptions, worker_main
-from andon.workers._containment import CgroupTree, ContainmentSetting, cgroup2_root, detect_mode
+from andon.workers import (
+    CgroupTree,
+    ContainmentSetting,
+    ToolRegistry,
+    WorkerOptions,
+    cgroup2_root,
+    detect_mode,
+    worker_main,
+)
 
 __all__ = ["WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 
 _PRELOAD = ["andon.workers"]
 _log = logging.getLogger("andon.pool")
+
+POOL_CLOSED = "the worker pool was closed"
+"""Why a closed pool's calls end: the reason of their ``WorkerGone``, and of ``acquire``'s error."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,10 @@ class WorkerPoolConfig:
     size: int = 4
     containment: ContainmentSetting = "auto"
     start_timeout: float = 20.0  # hello deadline for one worker (generous: CI machines are slow)
+    # How long closing waits for a worker to exit after ``shutdown`` before it SIGKILLs the
+    # worker's group (a worker stops its call with SIGKILL first, so this is only for one that
+    # does not answer at all: stopped, swapped out, wedged).
+    stop_timeout: float = 5.0
     heartbeat_interval: float = 1.0  # remote workers only; local liveness comes from pidfds
     max_message_bytes: int = 16 * 1024 * 1024
     runtime_dir: str | None = None  # parent of the private 0700 folder; default XDG/tmp
@@ -64,6 +92,8 @@ class WorkerPoolConfig:
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError("a worker pool needs at least one worker")
+        if not self.stop_timeout >= 0:
+            raise ValueError("stop_timeout must be a number of seconds, at least 0")
 
 
 @dataclass(frozen=True)
@@ -100,6 +130,7 @@ class WorkerLease:
         self.messages: asyncio.Queue[object] = asyncio.Queue()
         self.started: Started | None = None
         self.tag: str | None = None  # the call's tag, once its run is sent
+        self.gone = False  # its WorkerGone was delivered (there is only ever one)
 
     @property
     def worker_id(self) -> str:
@@ -113,8 +144,21 @@ class WorkerLease:
     def alive(self) -> bool:
         return not self._worker.dead
 
+    @property
+    def pool_stopping(self) -> str | None:
+        """Why the pool takes no more work (it is closing, or failed), or None while it runs."""
+        return self._pool._stopping
+
     async def send(self, msg: Message) -> None:
+        """Send ``msg`` to the worker. Raises only if ``msg`` cannot be encoded (then nothing was
+        sent); a worker that cannot be reached is written off instead, and its exit answers the
+        call with ``WorkerGone``."""
         await self._pool._send(self._worker, msg)
+
+    async def send_frames(self, frames: list[bytes]) -> None:
+        """Send a message already encoded (by :func:`andon.protocol.encode`); never raises for
+        the transport, as :meth:`send`."""
+        await self._pool._send_frames(self._worker, frames)
 
     def kill(self, reason: str) -> None:
         """Kill the worker and whatever its call started (broken means dead)."""
@@ -123,6 +167,11 @@ class WorkerLease:
 
     def release(self) -> None:
         self._pool._release(self)
+
+    def _answer_gone(self, reason: str, on_purpose: bool) -> None:
+        if not self.gone:
+            self.gone = True
+            self.messages.put_nowait(WorkerGone(reason, on_purpose))
 
 
 class WorkerPool:
@@ -139,11 +188,17 @@ class WorkerPool:
         self._cgroups: CgroupTree | None = None
         self._workers: dict[str, _Worker] = {}
         self._idle: list[_Worker] = []
-        self._idle_changed = asyncio.Event()
+        # Calls waiting for an idle worker: bare futures (not tasks), resolved by a release, a
+        # new worker, the close, or the waiting call's own abort signal.
+        self._waiters: set[asyncio.Future[None]] = set()
         self._counter = 0
-        self._closing = False
-        # Background tasks (the receiver, replacements, welcomes) are owned here and awaited by
-        # close(): nothing is fire-and-forget.
+        # Why no more work is taken (POOL_CLOSED, or the receiver's failure); None while running.
+        self._stopping: str | None = None
+        self._closed = False
+        self._forkserver_held = False
+        # Background tasks (the receiver, replacements, welcomes) belong to this task group, from
+        # start() to aclose(); ``_tasks`` is the same set, kept to cancel them at the close.
+        self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._mp = multiprocess.get_context("forkserver")
         self.on_broken: Callable[[str, str], None] | None = None  # (worker id, reason), for tests
@@ -161,9 +216,19 @@ class WorkerPool:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        await self.aclose()
 
     async def start(self) -> None:
+        tg = asyncio.TaskGroup()
+        await tg.__aenter__()
+        self._tg = tg
+        try:
+            await self._start()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _start(self) -> None:
         parent = self.config.runtime_dir or os.environ.get("XDG_RUNTIME_DIR") or None
         if parent is not None and not os.path.isdir(parent):
             parent = None
@@ -193,67 +258,112 @@ class WorkerPool:
         self._sock = sock
         self._mp.set_forkserver_preload(_PRELOAD)
         _ForkserverUsers.acquire()
-        self._spawn_task(self._receive())
-        try:
-            workers = [self._spawn() for _ in range(self.config.size)]
-            await asyncio.gather(*(self._await_ready(w) for w in workers))
-        except BaseException:
-            await self.close()
-            raise
+        self._forkserver_held = True
+        self._spawn_task(self._receive)
+        workers = [self._spawn() for _ in range(self.config.size)]
+        # A task group, not gather, so no wait runs on after a failed start. Its children report
+        # a failure rather than raise it: on Python 3.11 a child failing while the group exits
+        # leaves the waiting task's cancel count raised for good (fixed in 3.12).
+        async with asyncio.TaskGroup() as tg:
+            waits = [tg.create_task(_error_of(self._await_ready, worker)) for worker in workers]
+        for wait in waits:
+            error = wait.result()
+            if error is not None:
+                raise error  # the first worker that did not start
 
-    async def close(self) -> None:
-        """Stop every worker and leave no process behind (workers, forkserver, tracker)."""
-        if self._closing:
+    async def aclose(self) -> None:
+        """Stop every worker and leave no process behind (workers, forkserver, tracker).
+
+        Every call still running in a worker is answered: its worker stops it (SIGKILL to its
+        group, then a sweep) and reports its result; if that result does not come through, the
+        pool kills the call's processes itself and answers the lease with a ``WorkerGone``
+        saying the pool was closed. Calls waiting for a worker get ``WorkerError``. Safe to call
+        twice, and from any task (several sessions may share the pool).
+        """
+        if self._closed:
             return
-        self._closing = True
-        for worker in list(self._workers.values()):
+        self._closed = True
+        self._stop_taking_work(POOL_CLOSED)
+        workers = list(self._workers.values())
+        leases = [w.lease for w in workers if w.lease is not None]
+        for worker in workers:
             if not worker.dead and worker.pid:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._send(worker, Shutdown(grace=0.0)), 1.0)
-        for worker in list(self._workers.values()):
-            await self._reap(worker, timeout=5.0)
+        for worker in workers:
+            try:
+                await self._reap(worker, timeout=self.config.stop_timeout)
+            except Exception:  # one worker that will not go must not keep the rest running
+                _log.exception("could not reap worker %s", worker.worker_id)
+        # The reap took each worker's exit over from _on_exit, so it is answered here: a call
+        # whose result did not come through (the worker had to be killed, or exited first) still
+        # gets exactly one answer, once nothing of it is left.
+        for lease in leases:
+            if lease._worker.lease is lease and not lease.gone:
+                try:
+                    self._kill_call_processes(lease)
+                except Exception:
+                    _log.exception("could not kill the processes of a call of a closed pool")
+                lease._answer_gone(POOL_CLOSED, on_purpose=True)
         tasks, self._tasks = set(self._tasks), set()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._tg is not None:
+            tg, self._tg = self._tg, None
+            await tg.__aexit__(None, None, None)
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-        _ForkserverUsers.release()
+        if self._forkserver_held:
+            self._forkserver_held = False
+            _ForkserverUsers.release()
         if self._cgroups is not None:
             self._cgroups.remove_all()
         if self._runtime is not None:
             shutil.rmtree(self._runtime, ignore_errors=True)
             self._runtime = None
 
+    async def close(self) -> None:
+        """The same as :meth:`aclose`."""
+        await self.aclose()
+
+    def _stop_taking_work(self, reason: str) -> None:
+        """No more leases: every call waiting for a worker wakes and gets ``WorkerError``."""
+        if self._stopping is None:
+            self._stopping = reason
+        self._wake()
+
+    def _wake(self) -> None:
+        for waiter in list(self._waiters):
+            _resolve(waiter)
+
     # -- leasing ---------------------------------------------------------------------------
 
     async def acquire(self, signal: AbortSignal | None = None) -> WorkerLease:
-        """Wait for an idle worker; raises ``Aborted`` if ``signal`` fires first."""
+        """Wait for an idle worker; raises ``Aborted`` if ``signal`` fires first, and
+        ``WorkerError`` if the pool is closed (or failed) or closes while this waits."""
+        loop = asyncio.get_running_loop()
         while True:
             if signal is not None:
                 signal.throw_if_aborted()
-            if self._closing:
-                raise WorkerError("the worker pool is closed")
+            if self._stopping is not None:
+                raise WorkerError(self._stopping)
             while self._idle:
                 worker = self._idle.pop(0)
                 if not worker.dead and not self._exited(worker):
                     lease = WorkerLease(self, worker)
                     worker.lease = lease
                     return lease
-            self._idle_changed.clear()
-            waiter = asyncio.ensure_future(self._idle_changed.wait())
-            handle = signal.add_callback(_canceller(waiter)) if signal else None
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.add(waiter)
+            handle = signal.add_callback(_resolver(waiter)) if signal else None
             try:
-                await waiter
-            except asyncio.CancelledError:
-                if signal is not None and signal.aborted:
-                    raise Aborted(signal.reason) from None  # type: ignore[arg-type]
-                raise
+                await waiter  # then look again: a worker, the abort, or the close
             finally:
+                self._waiters.discard(waiter)
                 if handle is not None:
                     handle.remove()
 
@@ -261,8 +371,8 @@ class WorkerPool:
         worker = lease._worker
         if worker.lease is lease:
             worker.lease = None
-            if worker.dead or self._closing:
-                return
+            if worker.dead or worker.kill_reason is not None or self._stopping is not None:
+                return  # gone, or going: never lent again
             if self._exited(worker):
                 # Dying: it would fail the next, unrelated call. Retire it; its exit (pidfd)
                 # starts a replacement. (andon never signals a healthy worker: a call's stages
@@ -270,7 +380,7 @@ class WorkerPool:
                 self._kill(worker, "retired: it is exiting")
                 return
             self._idle.append(worker)
-            self._idle_changed.set()
+            self._wake()
 
     @staticmethod
     def _exited(worker: _Worker) -> bool:
@@ -329,10 +439,10 @@ class WorkerPool:
                 worker=worker.worker_id,
             ) from None
         self._idle.append(worker)
-        self._idle_changed.set()
+        self._wake()
 
     async def _replace(self) -> None:
-        if self._closing:
+        if self._stopping is not None:
             return
         worker = self._spawn()
         with contextlib.suppress(WorkerError):
@@ -354,13 +464,15 @@ class WorkerPool:
         lease = worker.lease
         if lease is not None:
             self._kill_call_processes(lease)
-            reason = worker.kill_reason or (
-                "ended by andon" if worker.killed_on_purpose else "the worker process died"
+            reason = (
+                worker.kill_reason
+                or self._stopping
+                or ("ended by andon" if worker.killed_on_purpose else "the worker process died")
             )
-            lease.messages.put_nowait(WorkerGone(reason, worker.killed_on_purpose))
+            lease._answer_gone(reason, worker.killed_on_purpose or self._stopping is not None)
         self._reap_now(worker)
-        if not self._closing:
-            self._spawn_task(self._replace())
+        if self._stopping is None:
+            self._spawn_task(self._replace)
 
     def _kill_call_processes(self, lease: WorkerLease) -> None:
         """A lost worker's call: SIGKILL every process carrying the call's tag, and its cgroup
@@ -428,62 +540,97 @@ class WorkerPool:
         worker.dead = True
         self._reap_now(worker)
 
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn_task(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the pool's task group. The coroutine is made inside the task, so
+        one cancelled before it starts (at the close) leaves no coroutine never awaited."""
+        if self._tg is None:  # closed: there is nothing left to do it for
+            return
+        task = self._tg.create_task(_never_raises(fn, *args))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     # -- wire ------------------------------------------------------------------------------
 
     async def _send(self, worker: _Worker, msg: Message) -> None:
-        if self._sock is None or worker.dead:
+        # Encoded first, so that a message that cannot be encoded raises with nothing sent.
+        await self._send_frames(worker, encode(msg, max_bytes=self.config.max_message_bytes))
+
+    async def _send_frames(self, worker: _Worker, frames: list[bytes]) -> None:
+        sock = self._sock
+        if sock is None or worker.dead:
             return
         try:
-            await self._sock.send_multipart([worker.worker_id.encode(), *encode(msg)])
+            await sock.send_multipart([worker.worker_id.encode(), *frames])
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this task was cancelled: never swallowed
+            # Closing the socket cancels the sends still pending on it: the pool is closing,
+            # and the close answers this worker's call.
         except zmq.ZMQError as e:
-            if e.errno == zmq.EHOSTUNREACH:
-                self._kill(worker, "its socket is gone")
-                return
-            raise
+            # The worker cannot be reached (EHOSTUNREACH: it is gone), or the transport to it is
+            # broken: either way it is lost, and its exit answers its call.
+            reason = "its socket is gone" if e.errno == zmq.EHOSTUNREACH else f"sending failed: {e}"
+            self._kill(worker, reason)
 
     async def _receive(self) -> None:
         assert self._sock is not None
-        while True:
-            frames = await self._sock.recv_multipart(copy=True)
-            if len(frames) < 2:
-                continue
-            identity = frames[0].decode("utf-8", "replace")
-            worker = self._workers.get(identity)
-            try:
-                msg = decode(frames[1:], self.config.max_message_bytes)
-            except ProtocolError as e:
-                if worker is not None:
-                    self._kill(worker, f"sent a bad frame: {e}")
-                continue
-            if worker is None or worker.dead or worker.kill_reason is not None:
-                # A stranger, or a worker already written off: once andon decided to kill a
-                # worker, nothing more it says is believed (its call gets WORKER_LOST).
-                continue
-            self._dispatch(worker, msg)
+        sock = self._sock
+        try:
+            while True:
+                frames = await sock.recv_multipart(copy=True)
+                try:
+                    self._on_frames(frames)
+                except Exception as e:
+                    # A bug handling one message must not end the receiver (every call would
+                    # wait forever): the worker it came from is written off, its call answered.
+                    _log.exception("could not handle a worker's message")
+                    worker = self._workers.get(frames[0].decode("utf-8", "replace"))
+                    if worker is not None:
+                        self._kill(worker, f"andon could not handle its message: {e!r}")
+        except Exception as e:
+            if self._stopping is None:
+                _log.exception("the worker pool's receiver failed")
+                self._fail(f"the worker pool failed: its receiver stopped ({e!r})")
+
+    def _fail(self, reason: str) -> None:
+        """Nothing more can be heard from any worker: take no more work and kill every worker,
+        so that each running call is answered (its worker's exit gives it ``WorkerGone``)."""
+        self._stop_taking_work(reason)
+        for worker in list(self._workers.values()):
+            self._kill(worker, reason)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        identity = frames[0].decode("utf-8", "replace")
+        worker = self._workers.get(identity)
+        try:
+            msg = decode(frames[1:], self.config.max_message_bytes)
+        except ProtocolError as e:
+            if worker is not None:
+                self._kill(worker, f"sent a bad frame: {e}")
+            return
+        if worker is None or worker.dead or worker.kill_reason is not None:
+            # A stranger, or a worker already written off: once andon decided to kill a
+            # worker, nothing more it says is believed (its call gets WORKER_LOST).
+            return
+        self._dispatch(worker, msg)
 
     def _dispatch(self, worker: _Worker, msg: Message) -> None:
         match msg:
             case Hello():
                 if msg.protocol != PROTOCOL_VERSION:
-                    self._spawn_task(self._send(worker, Reject(reason="protocol version mismatch")))
+                    self._spawn_task(self._send, worker, Reject(reason="protocol version mismatch"))
                     self._kill(worker, "protocol version mismatch")
                     return
                 if not worker.ready.done():
                     worker.ready.set_result(msg)
-                    self._spawn_task(
-                        self._send(
-                            worker,
-                            Welcome(
-                                heartbeat_interval=0.0,  # local: liveness through pidfds
-                                max_message_bytes=self.config.max_message_bytes,
-                            ),
-                        )
+                    welcome = Welcome(
+                        heartbeat_interval=0.0,  # local: liveness through pidfds
+                        max_message_bytes=self.config.max_message_bytes,
                     )
+                    self._spawn_task(self._send, worker, welcome)
             case _ if msg.type == "heartbeat":
                 pass
             case ErrorReply() if msg.call_id is None or worker.lease is None:
@@ -500,16 +647,35 @@ class WorkerPool:
                 lease.messages.put_nowait(msg)
 
 
-def _canceller(fut: asyncio.Future[Any]) -> Callable[[object], None]:
-    def cancel(_cause: object) -> None:
-        fut.cancel()
+def _resolver(fut: asyncio.Future[None]) -> Callable[[object], None]:
+    def resolve(_cause: object) -> None:
+        _resolve(fut)
 
-    return cancel
+    return resolve
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+async def _error_of(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> Exception | None:
+    """``fn(*args)``'s failure, returned rather than raised (the coroutine is made in the task,
+    as in :func:`_never_raises`)."""
+    try:
+        await fn(*args)
+    except Exception as e:
+        return e
+    return None
+
+
+async def _never_raises(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+    """A pool task's body: a failure is logged, never raised into the pool's task group (which
+    would cancel the task that started the pool)."""
+    try:
+        await fn(*args)
+    except Exception:
+        _log.exception("a worker pool task failed")
 
 
 class _WorkerPopen(popen_forkserver.Popen):  # type: ignore[misc]

@@ -6,9 +6,11 @@ Small output stays in memory; once it outgrows what the result's content shows, 
 writes: only the head is kept in memory once the file is open.
 
 Beyond the cap (:data:`DEFAULT_SPILL_CAP`, configurable) output is counted, not stored: a runaway
-``yes`` must not fill the disk under the session. Writing never raises: a full disk, a wiped
-session folder or a short write ends the spilling, not the call, and :attr:`Spill.problem` says what
-happened so the result can tell the model. How the call ended is never changed by it.
+``yes`` must not fill the disk under the session. Writing never raises: a full disk (ENOSPC), a
+wiped session folder, a path the OS refuses or a short write ends the spilling, not the call, and
+:attr:`Spill.problem` says what happened so the result can tell the model. How the call ended is
+never changed by it. (Anything else raising here would be an andon bug; the executor answers the
+call ``INTERNAL`` then, and still stops it.)
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ class Spill:
         try:
             folder.mkdir(mode=0o700, exist_ok=True)
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            self._fail(f"could not create {path.name}: {e.strerror or e}")
+        except (OSError, ValueError) as e:  # ValueError: a path the OS cannot take (NUL, not text)
+            self._fail(f"could not create {path.name}: {getattr(e, 'strerror', None) or e}")
             return False
         self.relpath = f"tool-output/{self.call_id}.log"
         return True

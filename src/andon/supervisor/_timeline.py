@@ -1,7 +1,9 @@
 """The grace timeline of one call, as one immutable value replaced at each transition.
 
 ``Running`` (its own timeout ahead) → ``Stopping`` (why, the cause, when it began, the stages sent)
-→ ``Lost`` (andon gave up on the worker). "Done" is the outcome itself. Every deadline comes from
+→ ``Lost`` (andon gave up on the worker and killed it). "Done" is the outcome itself. A stop is
+for the turn's abort, the call's own timeout, or an internal failure of the executor (which then
+still stops the call it can no longer follow, by the same ladder). Every deadline comes from
 :meth:`GracePolicy.deadline` on the executor's one clock; nothing here sends or sleeps, so the
 executor's loop is the only place with effects and a test can drive a timeline by hand.
 """
@@ -19,7 +21,7 @@ from andon.supervisor._outcome import StageMark
 __all__ = ["STAGES", "Lost", "Running", "Stopping", "Timeline", "Why"]
 
 STAGES = CANCEL_STAGES
-Why = Literal["abort", "timeout"]
+Why = Literal["abort", "timeout", "internal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +90,17 @@ class Stopping:
 
 @dataclass(frozen=True, slots=True)
 class Lost:
-    """andon gave up on the worker (it answered an error, or never acknowledged a KILL)."""
+    """andon gave up on the worker (it answered an error, never acknowledged a KILL, or could not
+    be reached) and killed it; its exit is what ends the call."""
 
     reason: str
     stop: Stopping | None  # the stop under way when it happened, if any
+    at: float  # when andon killed the worker
+
+    def deadline(self, kill_ack_timeout: float) -> float:
+        """When waiting for the killed worker's exit ends anyway: the call is answered then, so
+        a kill that never shows (the worker could not be signalled) cannot hang it."""
+        return self.at + kill_ack_timeout
 
 
 Timeline = Running | Stopping | Lost

@@ -238,6 +238,9 @@ class _Turn:
             elif isinstance(e, ModelError):
                 reason = TurnFailed(str(e), e.code.value)
                 host.on_error(e.code.value, str(e))
+            elif isinstance(e, _InternalToolFailure):
+                reason = TurnFailed(str(e), ErrorCode.INTERNAL.value)
+                host.on_error(ErrorCode.INTERNAL.value, str(e))
             else:
                 reason = TurnFailed(f"{type(e).__name__}: {e}", ErrorCode.INTERNAL.value)
                 host.on_error(ErrorCode.INTERNAL.value, f"{type(e).__name__}: {e}")
@@ -372,6 +375,11 @@ class _Turn:
         return _StepOutcome(continuation=True)
 
 
+class _InternalToolFailure(Exception):
+    """A call was answered ``INTERNAL`` (andon failed it, not the tool): records.md has the turn
+    end ``error`` then, once every call of the step has its result."""
+
+
 class _Scheduler:
     """One step's tool calls: a run of parallel-safe calls executes concurrently up to
     ``max_parallel`` (a TaskGroup and a semaphore), an exclusive call alone; results are committed
@@ -390,6 +398,7 @@ class _Scheduler:
         self.dispatched: set[str] = set()  # call ids handed to the executor (or a supervisor tool)
         self.internal = AbortController()
         self.finished = asyncio.Event()  # some call's outcome has arrived
+        self.internal_result: ToolOutcome | None = None  # the first call andon itself failed
 
     async def run(self) -> None:
         with any_signal(self.t.signal, self.internal.signal) as signal:
@@ -414,6 +423,10 @@ class _Scheduler:
             if c.outcome is None:
                 c.outcome = aborted_before_dispatch(c.call_id)
         await self._commit_ready()
+        failed = self.internal_result
+        if failed is not None and not self.t.signal.aborted:
+            message = failed.error.message if failed.error is not None else failed.content
+            raise _InternalToolFailure(f"tool call {failed.call_id} failed inside andon: {message}")
 
     async def _batch(self, batch: list[_Call], signal: AbortSignal) -> BaseException | None:
         """Run one batch to its end; return the failure that stopped it, if any."""
@@ -453,7 +466,13 @@ class _Scheduler:
 
     async def _run_one(self, call: _Call, signal: AbortSignal, slots: asyncio.Semaphore) -> None:
         try:
-            call.outcome = await self._execute(call, signal)
+            outcome = await self._execute(call, signal)
+            call.outcome = outcome
+            if outcome.code is ErrorCode.INTERNAL and self.internal_result is None:
+                # An andon bug answered this call: the rest of the step is stopped, not started.
+                self.internal_result = outcome
+                if not self.t.signal.aborted:
+                    self.internal.abort(Hook("internal error in the tool executor"))
         except Exception as e:
             # The executor answers every call it was given; if it ever raises anyway, the call
             # still gets exactly one (INTERNAL) result and the step's other calls are stopped.

@@ -1,7 +1,13 @@
 """The worker layer: the worker process, process-group control and the built-in tools."""
 
 from andon.workers._builtins import BASH, default
-from andon.workers._containment import ContainmentMode, ContainmentSetting, detect_mode
+from andon.workers._containment import (
+    CgroupTree,
+    ContainmentMode,
+    ContainmentSetting,
+    cgroup2_root,
+    detect_mode,
+)
 from andon.workers._main import WorkerOptions, worker_main
 from andon.workers._registry import (
     ArgumentError,
@@ -16,12 +22,14 @@ from andon.workers._registry import (
 __all__ = [
     "BASH",
     "ArgumentError",
+    "CgroupTree",
     "ContainmentMode",
     "ContainmentSetting",
     "Tool",
     "ToolKind",
     "ToolRegistry",
     "WorkerOptions",
+    "cgroup2_root",
     "default",
     "detect_mode",
     "schema_from_signature",

@@ -1,0 +1,196 @@
+"""Closing a worker pool answers every call it holds, and leaves nothing running.
+
+Several sessions may share one pool (``open_agent(..., workers=pool)``), so a pool can close
+under calls that are running in its workers, and under calls still waiting for a worker: each gets
+an answer saying the pool was closed, none waits forever, and no process of theirs outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import andon
+from andon.base import AbortController, ErrorCode, GracePolicy
+from andon.llm import Scripted
+from andon.supervisor import (
+    ToolCallRequest,
+    ToolExecutor,
+    ToolOutcome,
+    WorkerPool,
+    WorkerPoolConfig,
+)
+from tests.agent.support import Watcher, records
+from tests.support import session_leftovers
+from tests.workers.pytools import more_tools
+from tests.workers.support import MODES, bash, call_processes, start
+
+CALLS = {
+    "python": ("cooperative", {"seconds": 1000}),
+    "python-deaf": ("stubborn_sync", {"seconds": 1000}),
+    "shell": ("bash", {"command": "echo ready; exec sleep 1000"}),
+}
+
+
+def _request(kind: str, call_id: str = "c1-1-1") -> ToolCallRequest:
+    name, arguments = CALLS[kind]
+    return ToolCallRequest(call_id, name, json.dumps(arguments), os.getcwd())
+
+
+def _pool(mode: str = "subreaper", **config: Any) -> WorkerPool:
+    return WorkerPool(WorkerPoolConfig(size=1, containment=mode, **config), more_tools())  # type: ignore[arg-type]
+
+
+def _closed(outcome: ToolOutcome) -> None:
+    """The answer of a call its pool's close ended."""
+    assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
+    assert outcome.is_error
+    assert "the worker pool was closed" in outcome.error.message
+    assert outcome.content.endswith(
+        "Error: worker lost: the worker pool was closed; andon killed the call's processes"
+    )
+    assert outcome.ended_by == "worker-lost"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["python", "python-deaf", "shell"])
+async def test_closing_the_pool_answers_a_running_call(mode: str, kind: str) -> None:
+    pool = _pool(mode)
+    await pool.start()
+    try:
+        executor = ToolExecutor(pool, pool.registry)
+        task, rec, _ = await start(executor, _request(kind))
+        await rec.wait_until(lambda: rec.started is not None)
+    finally:
+        await pool.aclose()
+    outcome = await asyncio.wait_for(task, 30)
+    _closed(outcome)
+    assert outcome.started is not None
+    assert call_processes(executor, "c1-1-1") == []
+
+
+async def test_calls_waiting_for_a_worker_and_calls_after_the_close_get_an_error() -> None:
+    async with _pool() as pool:
+        executor = ToolExecutor(pool, pool.registry)
+        running, rec, _ = await start(executor, _request("python"))
+        await rec.wait_until(lambda: rec.started is not None)
+        # The one worker is busy: this call waits for it (without a task of its own).
+        waiting, _, _ = await start(executor, _request("shell", "c1-1-2"))
+        await asyncio.sleep(0)  # sleep-ok: one loop turn, so the waiting call is in acquire
+        await pool.aclose()
+        for outcome in (
+            await asyncio.wait_for(waiting, 30),
+            await asyncio.wait_for(
+                executor.execute(_request("shell", "c1-1-3"), AbortController().signal), 30
+            ),
+        ):
+            assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
+            assert outcome.ended_by == "not-run" and not outcome.ran
+            assert outcome.content == "Error: no worker to run the call: the worker pool was closed"
+        _closed(await asyncio.wait_for(running, 30))
+        assert call_processes(executor, "c1-1-1") == []
+
+
+async def test_a_worker_that_does_not_answer_the_close_is_killed_and_its_call_answered() -> None:
+    pool = _pool(stop_timeout=0.2)
+    await pool.start()
+    try:
+        executor = ToolExecutor(pool, pool.registry)
+        task, rec, _ = await start(executor, _request("shell"))
+        await rec.wait_output()
+        (worker,) = pool.workers.values()
+        # A wedged worker (stopped, swapped out): it never reads the shutdown, never reports.
+        os.kill(worker, signal.SIGSTOP)
+    finally:
+        await pool.aclose()  # SIGKILLs its group after stop_timeout
+    outcome = await asyncio.wait_for(task, 30)
+    _closed(outcome)
+    assert outcome.content.startswith("ready\n")
+    assert call_processes(executor, "c1-1-1") == []
+
+
+async def test_waiting_for_a_worker_starts_no_task() -> None:
+    async with _pool() as pool:
+        lease = await pool.acquire()
+        tasks = asyncio.all_tasks()
+        waiter = asyncio.create_task(pool.acquire())
+        await asyncio.sleep(0)  # sleep-ok: one loop turn, so the waiter is in acquire
+        assert asyncio.all_tasks() == {*tasks, waiter}
+        lease.release()
+        second = await asyncio.wait_for(waiter, 30)
+        assert second.worker_id == lease.worker_id
+        second.release()
+
+
+async def test_a_shared_pool_closing_under_sessions_answers_each_of_them(tmp_path: Path) -> None:
+    tools = more_tools()
+    pool = WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools)
+    await pool.start()
+    folders = [tmp_path / "a", tmp_path / "b"]
+    calls: list[dict[str, Any]] = [
+        {"name": "cooperative", "arguments": {"seconds": 1000}},
+        {"name": "bash", "arguments": {"command": "echo ready; exec sleep 1000"}},
+    ]
+    try:
+        async with (
+            andon.open_agent(
+                folders[0],
+                model=Scripted([{"tool_calls": [calls[0]]}, {"text": "a done"}]),
+                tools=tools,
+                workers=pool,
+                grace=GracePolicy(term_after=1.0, kill_after=1.0),
+            ) as first,
+            andon.open_agent(
+                folders[1],
+                model=Scripted([{"tool_calls": [calls[1]]}, {"text": "b done"}]),
+                tools=tools,
+                workers=pool,
+                grace=GracePolicy(term_after=1.0, kill_after=1.0),
+            ) as second,
+        ):
+            watchers = [Watcher(first), Watcher(second)]
+            first.followup("go")
+            await watchers[0].wait_type("tool/started")
+            second.followup("go")  # its call waits for the pool's one worker
+            await watchers[1].wait_type("tool/call")
+            await pool.aclose()
+            await asyncio.wait_for(first.when_idle(), 30)
+            await asyncio.wait_for(second.when_idle(), 30)
+            for watcher in watchers:
+                await watcher.close()
+    finally:
+        await pool.aclose()
+    for folder, ended_by in zip(folders, ["worker-lost", "not-run"], strict=True):
+        (result,) = [r["data"] for r in records(folder) if r["type"] == "tool/result"]
+        assert result["error"]["code"] == "WORKER_LOST"
+        assert "the worker pool was closed" in result["content"]
+        assert result["ended_by"] == ended_by
+        assert [r["data"]["reason"] for r in records(folder) if r["type"] == "turn/end"]
+        assert session_leftovers(folder, "c1-1-1") == []
+
+
+async def test_a_pool_started_in_one_task_works_and_closes_from_another() -> None:
+    # The pool's task group is entered by whoever starts the pool: here a task that is over
+    # long before the pool is used, replaces a worker, and is closed by another task.
+    pool = _pool()
+    await asyncio.create_task(pool.start())
+    try:
+        executor = ToolExecutor(pool, pool.registry)
+        lost = await executor.execute(
+            ToolCallRequest("c1-1-1", "kills_its_worker", "{}", os.getcwd()),
+            AbortController().signal,
+        )
+        assert lost.error is not None and lost.error.code is ErrorCode.WORKER_LOST
+        after = await asyncio.wait_for(
+            executor.execute(bash("c1-1-2", "echo after"), AbortController().signal), 30
+        )
+        assert after.content == "after\n[exit code 0]"  # on the replacement worker
+    finally:
+        await asyncio.create_task(pool.aclose())
+    assert pool.workers == {}
