@@ -3,11 +3,17 @@
 After every run: the log passes every invariant, every follow-up either ran, was discarded on
 purpose (a canceled splice) or is still parked in the inbox, no wake is lost (an idle agent with
 queued turns must have been stopped abnormally), and nothing hangs (every wait is bounded).
+
+The edges that broke under review are rules of their own: a steer sent while ``turn/end`` is being
+made durable (it must run), disposal with a queue (nothing stays parked; a resume runs nothing),
+arguments no encoder can carry (the call is answered and the next call still runs), and hooks
+that raise (one result per call, a sound log).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import tempfile
 from collections.abc import AsyncIterator
@@ -19,18 +25,36 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 import andon
-from andon.base import Aborted, AbortSignal, Disposed, GracePolicy, Hook, Parent, User
+from andon.base import (
+    Aborted,
+    AbortSignal,
+    AgentClosed,
+    Disposed,
+    GracePolicy,
+    Hook,
+    Parent,
+    User,
+)
 from andon.llm import (
     Chunk,
     Finish,
     ModelInfo,
     ModelRequest,
     OnAttempt,
+    RetryDecider,
     TextDelta,
     ToolCallDelta,
 )
 from andon.session import check, fold_state, read
-from andon.supervisor import Agent, WorkerPool, WorkerPoolConfig
+from andon.supervisor import (
+    Agent,
+    PostTool,
+    PreStep,
+    PreTool,
+    TurnStopping,
+    WorkerPool,
+    WorkerPoolConfig,
+)
 from tests.workers.pytools import registry
 
 STEP_TIMEOUT = 30.0  # "nothing hangs": every wait is bounded far above any tool's duration
@@ -45,9 +69,15 @@ class FuzzModel:
     def __init__(self, durations: list[float]) -> None:
         self._n = itertools.count()
         self._durations = durations
+        self.poison = False  # the next reply with tool calls carries an unencodable argument
 
     async def stream(
-        self, request: ModelRequest, signal: AbortSignal, on_attempt: OnAttempt
+        self,
+        request: ModelRequest,
+        signal: AbortSignal,
+        on_attempt: OnAttempt,
+        *,
+        decide_retry: RetryDecider | None = None,
     ) -> AsyncIterator[Chunk]:
         await on_attempt(1, None, None)
         n = next(self._n)
@@ -68,6 +98,11 @@ class FuzzModel:
                     else f'{{"command": "sleep {seconds}"}}'
                 )
                 yield ToolCallDelta(i, f"call_{n}_{i}", name, args)
+            if self.poison:
+                self.poison = False
+                # An integer beyond 64 bits: valid JSON for a number, beyond msgpack.
+                huge = '{"seconds": 123456789012345678901234567890}'
+                yield ToolCallDelta(calls, f"call_{n}_poison", "cooperative", huge)
             yield Finish("tool_calls")
             return
         yield Finish("stop")
@@ -81,8 +116,12 @@ class AgentMachine(RuleBasedStateMachine):
         super().__init__()
         self.folder = Path(tempfile.mkdtemp(prefix="andon-fuzz-"))
         self.followups: list[str] = []
+        self.barrier_steers: list[str] = []
         self.closed = False
+        self.steer_at_barrier = False
+        self.raising: str | None = None  # the kind of hook that raises once, next time it runs
         self._cm: Any = None
+        self.model = FuzzModel([0.0, 0.01, 0.03, 0.05, 0.002])
         self.agent: Agent = self.run(self._open())
 
     def run(self, coro: Any) -> Any:
@@ -99,13 +138,49 @@ class AgentMachine(RuleBasedStateMachine):
     async def _open(self) -> Agent:
         self._cm = andon.open_agent(
             self.folder,
-            model=FuzzModel([0.0, 0.01, 0.03, 0.05, 0.002]),
+            model=self.model,
             tools=registry(),
             workers=self.pool,
             grace=GracePolicy(term_after=0.05, kill_after=0.1),
+            hooks=[
+                PreStep(self._pre_step),
+                PreTool(self._pre_tool),
+                PostTool(self._post_tool),
+                TurnStopping(self._turn_stopping),
+            ],
         )
         agent: Agent = await self._cm.__aenter__()
         return agent
+
+    def _raise_if(self, kind: str) -> None:
+        if self.raising == kind:
+            self.raising = None
+            raise RuntimeError(f"the {kind} hook broke (fuzz)")
+
+    async def _pre_step(self, messages: Any, turn: int, step: int, *, signal: Any) -> Any:
+        self._raise_if("pre_step")
+        from andon.supervisor import Enter
+
+        return Enter(messages)
+
+    async def _pre_tool(self, call: Any, *, signal: Any) -> None:
+        self._raise_if("pre_tool")
+
+    async def _post_tool(self, call: Any, result: Any, *, signal: Any) -> None:
+        self._raise_if("post_tool")
+
+    async def _turn_stopping(self, turn: int, *, signal: Any) -> None:
+        if self.steer_at_barrier:
+            self.steer_at_barrier = False
+            # This hook returns without suspending; the driver then writes turn/end in the same
+            # synchronous section and awaits the barrier that makes it durable, which is the
+            # first moment the loop runs this callback: the steer lands inside the barrier.
+            asyncio.get_running_loop().call_soon(self._steer_in_barrier)
+        self._raise_if("turn_stopping")
+
+    def _steer_in_barrier(self) -> None:
+        with contextlib.suppress(AgentClosed):
+            self.barrier_steers.append(self.agent.steer("barrier"))
 
     @rule(text=st.sampled_from(["a", "b", "c"]))
     def followup(self, text: str) -> None:
@@ -140,6 +215,33 @@ class AgentMachine(RuleBasedStateMachine):
         self.run(spin())
 
     @rule()
+    def steer_during_the_turn_end_barrier(self) -> None:
+        self.steer_at_barrier = True
+
+    @rule()
+    def unencodable_arguments(self) -> None:
+        self.model.poison = True
+
+    @rule(kind=st.sampled_from(["pre_step", "pre_tool", "post_tool", "turn_stopping"]))
+    def a_hook_raises(self, kind: str) -> None:
+        self.raising = kind
+
+    @rule()
+    def dispose_with_a_queue(self) -> None:
+        if not self.closed:
+            self.followups.append(self.on_loop(self.agent.followup, "first"))
+            self.followups.append(self.on_loop(self.agent.followup, "queued"))
+            self.run(self._close())
+
+    @rule()
+    def resume(self) -> None:
+        if self.closed:
+            self.agent = self.run(self._open())
+            self.closed = False
+            # Disposal cleared the inbox durably: nothing parked runs after a resume.
+            assert self.on_loop(self.agent.wake) is False
+
+    @rule()
     def wait_idle(self) -> None:
         if self.closed:
             return
@@ -155,14 +257,21 @@ class AgentMachine(RuleBasedStateMachine):
     async def _close(self) -> None:
         self.closed = True
         await self._cm.__aexit__(None, None, None)
+        state = fold_state(read(self.folder))
+        assert state.next_turn == () and state.next_step == (), "disposal left work parked"
 
     def _no_wake_lost(self) -> None:
         records = read(self.folder)
         state = fold_state(records)
+        ends = [r.data.reason.kind for r in records if r.type == "turn/end"]  # type: ignore[union-attr]
         if state.next_turn:
-            ends = [r.data.reason.kind for r in records if r.type == "turn/end"]  # type: ignore[union-attr]
             assert ends and ends[-1] not in ("completed", "max-tokens"), (
                 f"idle with {len(state.next_turn)} queued turn(s) after a {ends[-1:]} turn"
+            )
+        stranded = {m.id for m in state.next_step} & set(self.barrier_steers)
+        if stranded:
+            assert ends and ends[-1] not in ("completed", "max-tokens"), (
+                f"a steer sent during the turn/end barrier is stranded after a {ends[-1:]} turn"
             )
 
     @invariant()
@@ -219,7 +328,7 @@ def test_agent_state_machine() -> None:
             run_state_machine_as_test(
                 AgentMachine,
                 settings=settings(
-                    max_examples=300,
+                    max_examples=500,
                     stateful_step_count=15,
                     deadline=None,
                     database=None,
