@@ -166,7 +166,11 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
     p.add_argument("--workers", metavar="N", help="tool worker processes (default 4)")
     p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
-    p.add_argument("--tool-timeout", metavar="S", help="default timeout of a tool call")
+    p.add_argument(
+        "--tool-timeout",
+        metavar="S",
+        help="default timeout of every tool call, bash included; raises bash's cap to at least S",
+    )
     if job:
         p.add_argument(
             "--turn-budget", metavar="SECONDS", help="stop a turn after this long (exit 5)"

@@ -79,6 +79,7 @@ from andon.workers import ArgumentError, Tool, ToolRegistry, validate_arguments
 
 __all__ = [
     "ExecutionObserver",
+    "TimeoutChoice",
     "ToolCallRequest",
     "ToolExecutor",
     "aborted_before_dispatch",
@@ -94,6 +95,30 @@ class ToolCallRequest:
     # The session the call belongs to; with the call id it makes the call's process tag. None: the
     # executor's own identity.
     owner: str | None = None
+
+
+@dataclass(frozen=True)
+class TimeoutChoice:
+    """A call's own timeout (:meth:`ToolExecutor.timeout_choice`); ``asked`` is set when the
+    model asked for more than ``cap`` and got ``cap``."""
+
+    seconds: float | None
+    asked: float | None = None
+    cap: float | None = None
+
+    def note(self, tool: str) -> str:
+        """The line the result's content ends with when the model's argument was clamped
+        (the model must learn its build got less time than it asked for), else ``""``."""
+        if self.asked is None or self.cap is None:
+            return ""
+        asked = "no limit asked" if math.isinf(self.asked) else f"{_secs(self.asked)} asked"
+        return f"[timeout: {asked}, capped at {_secs(self.cap)} (the most {tool} may run here)]"
+
+
+def _secs(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.0f}s" if value == round(value) else f"{round(value, 2):g}s"
 
 
 class ExecutionObserver:
@@ -288,16 +313,46 @@ class ToolExecutor:
         return tool, arguments
 
     def timeout_for(self, tool: Tool, arguments: Mapping[str, Any]) -> float | None:
-        """The call's own timeout: its argument (capped), else the tool's, else the default."""
-        cap = tool.max_timeout if tool.max_timeout is not None else self.max_timeout
+        """The call's own timeout in seconds (None: none); see :meth:`timeout_choice`."""
+        return self.timeout_choice(tool, arguments).seconds
+
+    def timeout_choice(self, tool: Tool, arguments: Mapping[str, Any]) -> TimeoutChoice:
+        """The call's own timeout, and whether the model's argument was clamped to get it.
+
+        Precedence (workers.md, Built-in tools), first that applies:
+
+        1. the model's ``timeout`` argument (shell tools; a positive number), clamped to the cap;
+        2. the agent's default, ``default_timeout`` (``--tool-timeout``): it is the default of
+           **every** tool, ``bash`` and a tool declared with its own ``timeout`` included — the
+           person running the job knows how long its builds take, the tool's author did not;
+        3. the tool's own default (``bash``: 120 s);
+        4. none: the call runs until it ends or its turn is cancelled.
+
+        The cap is the largest of the tool's own cap (``bash``: 600 s), ``max_timeout``
+        (``max_tool_timeout``) and ``default_timeout``: an agent-wide setting only ever raises a
+        tool's cap, so ``--tool-timeout 900`` is never cut back to 600 s. A tool with no cap of its
+        own under an agent with no ``max_timeout`` has none. A default above the cap (a tool
+        declared that way) is clamped too, silently: the model did not ask for it.
+        """
+        limits = [c for c in (tool.max_timeout, self.max_timeout) if c is not None]
+        cap = max(limits) if limits else None
+        if cap is not None and self.default_timeout is not None:
+            cap = max(cap, self.default_timeout)
         requested = arguments.get("timeout") if tool.kind == "shell" else None
-        if isinstance(requested, int | float) and requested > 0:
-            value: float | None = float(requested)
+        # bool is an int to Python, not a number to JSON (the schema rejects it first anyway);
+        # NaN, zero and negatives are no timeout anyone meant: the default applies.
+        if isinstance(requested, int | float) and not isinstance(requested, bool) and requested > 0:
+            asked = float(requested)
+            if cap is not None and asked > cap:
+                return TimeoutChoice(cap, asked=asked, cap=cap)
+            return TimeoutChoice(asked)
+        if self.default_timeout is not None:
+            value: float | None = self.default_timeout
         else:
-            value = tool.timeout if tool.timeout is not None else self.default_timeout
+            value = tool.timeout
         if value is not None and cap is not None:
             value = min(value, cap)
-        return value
+        return TimeoutChoice(value)
 
     def force(self) -> None:
         """Skip the rest of the grace period of every call being stopped: kill now."""
@@ -311,7 +366,8 @@ class ToolExecutor:
         if isinstance(prepared, ToolOutcome):
             return prepared
         tool, arguments = prepared
-        timeout = self.timeout_for(tool, arguments)
+        choice = self.timeout_choice(tool, arguments)
+        timeout = choice.seconds
         grace = tool.grace or self.grace
         run = Run(
             call_id=request.call_id,
@@ -339,7 +395,7 @@ class ToolExecutor:
             # The arguments passed _check_wire_arguments: what the wire refuses is andon's own
             # part of the message (a working folder or a session path that is not UTF-8, say).
             return _internal_not_run(request.call_id, f"encoding the run message failed: {e}")
-        return _Ready(tool, arguments, run, tuple(frames))
+        return _Ready(tool, arguments, run, tuple(frames), choice.note(tool.name))
 
     # -- one call ----------------------------------------------------------------------------
 
@@ -385,7 +441,7 @@ class ToolExecutor:
             return _internal_not_run(request.call_id, f"setting up the call failed: {_describe(e)}")
         self._inflight.add(lease.messages)
         try:
-            return await call.drive()
+            return _noted(await call.drive(), ready.timeout_note)
         except BaseException:
             # drive() answers every failure, so this is the task's own cancellation (or an
             # exit): nothing will follow the call any more, so it ends now, with its worker
@@ -398,6 +454,15 @@ class ToolExecutor:
             call.settle()
 
 
+def _noted(outcome: ToolOutcome, note: str) -> ToolOutcome:
+    """``outcome`` with the clamp note as the last line of its content, when the call ran (a
+    call that never started ran with no timeout at all; its result says why it did not run)."""
+    if not note or outcome.ended_by == "not-run":
+        return outcome
+    content = outcome.content
+    return replace(outcome, content=f"{content}\n{note}" if content else note)
+
+
 @dataclass(frozen=True)
 class _Ready:
     """A call validated and encoded, waiting for a worker."""
@@ -406,6 +471,7 @@ class _Ready:
     arguments: dict[str, Any]
     run: Run
     frames: tuple[bytes, ...]
+    timeout_note: str = ""  # the model's timeout argument was clamped: its result says so
 
 
 class _RunningCall:

@@ -21,6 +21,9 @@ from andon.workers._registry import Tool, ToolRegistry, schema_from_signature, t
 
 __all__ = ["BASH", "default", "edit_file", "grep", "list_files", "read_file", "write_file"]
 
+# bash's own limits, used when the agent sets none. An agent's ``tool_timeout``
+# (``--tool-timeout``) replaces the default and raises the cap to at least itself; the executor
+# combines them (``ToolExecutor.timeout_choice``), so a long CI build is never cut at 120 s.
 BASH_DEFAULT_TIMEOUT = 120.0
 BASH_MAX_TIMEOUT = 600.0
 
@@ -29,7 +32,8 @@ BASH = Tool(
     description=(
         "Run a shell command with bash in the working directory. Stdin is empty; stdout and "
         "stderr are combined. Returns the output and the exit status. Use `timeout` (seconds) for "
-        "long commands."
+        "long commands; without it the run's default applies, and a value over the run's limit is "
+        "capped (the result says so)."
     ),
     parameters={
         "type": "object",
