@@ -38,8 +38,17 @@ DEFAULT_SYSTEM_PROMPT = (
     "retry a call with side effects blindly."
 )
 
-# Model API keys never reach a tool's environment.
+# Model API keys never reach a tool's environment, nor that of any process andon starts (a tool
+# can read its worker's /proc/<pid>/environ): the pool starts its workers without them.
 SECRET_ENV = ("DEEPSEEK_API_KEY", "OPENAI_API_KEY", "ANDON_API_KEY")
+
+
+def _secret_names(model: Model, secret_env: Sequence[str]) -> tuple[str, ...]:
+    """andon's key variables, the caller's ``secret_env``, and the variable the model in use
+    reads its key from (a custom adapter's ``api_key_env``), each once."""
+    key_env = getattr(model, "api_key_env", None)
+    own = (key_env,) if isinstance(key_env, str) and key_env else ()
+    return tuple(dict.fromkeys((*SECRET_ENV, *secret_env, *own)))
 
 
 @asynccontextmanager
@@ -114,10 +123,19 @@ async def open_agent(
             )
             next_turn, next_step = (), ()
         await log.barrier()
-        hidden = tuple(name for name in (*SECRET_ENV, *secret_env) if name not in pass_env)
+        # No worker holds a secret, even one passed on purpose: a ``pass_env`` secret reaches
+        # only the tools, through each call's environment additions (from this process's own
+        # environment), never the workers' environment.
+        secrets = _secret_names(model, secret_env)
+        hidden = tuple(name for name in secrets if name not in pass_env)
+        passed = {n: os.environ[n] for n in secrets if n in pass_env and n in os.environ}
         async with contextlib.AsyncExitStack() as stack:
             if workers is None:
-                workers = await stack.enter_async_context(WorkerPool(pool_config, registry))
+                workers = await stack.enter_async_context(
+                    WorkerPool(pool_config, registry, hide_env=secrets)
+                )
+            else:
+                workers.hide_env(secrets)  # refuses if its workers already hold one of them
             executor = ToolExecutor(
                 workers,
                 registry,
@@ -126,7 +144,7 @@ async def open_agent(
                 default_timeout=tool_timeout,
                 max_timeout=max_tool_timeout,
                 session_dir=log.session_dir,
-                env_add={"ANDON_SESSION": str(log.session_dir)},
+                env_add={**passed, "ANDON_SESSION": str(log.session_dir)},
                 env_remove=hidden,
             )
             tasks = await stack.enter_async_context(asyncio.TaskGroup())

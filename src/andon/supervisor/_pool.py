@@ -30,7 +30,7 @@ import os
 import shutil
 import signal as _signal
 import tempfile
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +43,7 @@ import zmq.asyncio
 from multiprocess import popen_forkserver, spawn
 
 from andon.base import AbortSignal, ProtocolError, WorkerError, procs
+from andon.llm import API_KEY_ENV_VARS
 from andon.protocol import (
     PROTOCOL_VERSION,
     ErrorReply,
@@ -175,11 +176,21 @@ class WorkerLease:
 
 
 class WorkerPool:
-    """``async with WorkerPool(config, registry) as pool: lease = await pool.acquire(signal)``."""
+    """``async with WorkerPool(config, registry) as pool: lease = await pool.acquire(signal)``.
 
-    def __init__(self, config: WorkerPoolConfig, registry: ToolRegistry) -> None:
+    No worker holds a model API key (workers.md, Tool environment): the forkserver is exec'd
+    without andon's key variables and without ``hide_env`` (a custom adapter's ``api_key_env``,
+    a caller's ``secret_env``), and the workers and call processes are forks of it. Start refuses
+    (``WorkerError``) rather than start a worker whose environment holds one of them.
+    """
+
+    def __init__(
+        self, config: WorkerPoolConfig, registry: ToolRegistry, *, hide_env: Iterable[str] = ()
+    ) -> None:
         self.config = config
         self.registry = registry
+        # The variables no worker of this pool may hold (it may only grow: see hide_env()).
+        self.hidden_env: frozenset[str] = API_KEY_ENV_VARS | frozenset(hide_env)
         self._worker_registry = registry.for_workers()
         self.containment = detect_mode(config.containment)
         self._ctx: zmq.asyncio.Context | None = None
@@ -330,6 +341,19 @@ class WorkerPool:
         """The same as :meth:`aclose`."""
         await self.aclose()
 
+    def hide_env(self, names: Iterable[str]) -> None:
+        """Keep ``names`` out of this pool's workers too (a session that shares a running pool
+        brings its own model's key variable).
+
+        Raises ``WorkerError`` naming the variables (never their values) if the running workers
+        already hold one of them: they are forks of a forkserver exec'd with it, and nothing
+        short of a new forkserver (which needs every worker of the process gone) takes it out.
+        """
+        self.hidden_env = self.hidden_env | frozenset(names)
+        held = _forkserver_holds(self.hidden_env)
+        if held:
+            raise WorkerError(_holds_message(held))
+
     def _stop_taking_work(self, reason: str) -> None:
         """No more leases: every call waiting for a worker wakes and gets ``WorkerError``."""
         if self._stopping is None:
@@ -412,14 +436,25 @@ class WorkerPool:
         process = _WorkerProcess(
             target=worker_main, args=(options,), name=f"andon-worker-{worker_id}", daemon=True
         )
-        _ensure_forkserver()
+        _ensure_forkserver(self.hidden_env)
         process.start()
         worker = _Worker(worker_id=worker_id, process=process, pid=process.pid)
         self._workers[worker_id] = worker
+        # multiprocess restarts a forkserver that died between the check above and the start
+        # (from the environment as it is then, keys and all): the worker is looked at, not
+        # trusted, and one that would hold a key never gets a call.
+        held = _forkserver_holds(self.hidden_env)
         info = procs.stat(worker.pid)
         # The worker is the forkserver's child, so nothing of ours pins its pid: hold it as a
         # verified pidfd from the start, and signal it only through that.
         handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
+        if held and handle is not None:
+            procs.signal_group(handle, _signal.SIGKILL)
+            handle.close()
+            self._workers.pop(worker_id, None)
+            with contextlib.suppress(Exception):
+                process.join(5.0)
+            raise WorkerError(_holds_message(held), worker=worker_id)
         if handle is None:
             worker.dead = True
             return worker
@@ -709,25 +744,104 @@ class _WorkerProcess(multiprocess.context.ForkServerProcess):  # type: ignore[mi
         return _WorkerPopen(process_obj)
 
 
-def _ensure_forkserver() -> None:
-    """Start the forkserver, if it is not running, with ``ANDON_CALL_TAG`` holding a slot.
+def _ensure_forkserver(hidden: frozenset[str]) -> None:
+    """Start the forkserver, if it is not running, from a scrubbed environment: without any
+    variable in ``hidden`` (or hidden by an earlier pool of this process), and with
+    ``ANDON_CALL_TAG`` holding a slot.
 
     Workers and their Python call processes are forks of it, never exec'd: the environment
-    ``/proc`` shows for them is the forkserver's. The slot is the room a call process writes its
-    call's tag into (:func:`andon.base.procs.stamp_tag`), so it carries the tag like every
-    process a shell call starts.
-    """
-    from multiprocess import forkserver
+    ``/proc`` shows for them is the one the forkserver was exec'd with, whatever their
+    ``os.environ`` says later. So the keys must be out of ``os.environ`` at the moment multiprocess
+    execs it (it passes the environment as it is then), and only then: the supervisor keeps its
+    own keys, which its model needs. The slot is the room a call process writes its call's tag
+    into (:func:`andon.base.procs.stamp_tag`), so it carries the tag like every process a shell
+    call starts.
 
-    saved = os.environ.get(procs.TAG_VAR)
-    os.environ[procs.TAG_VAR] = procs.TAG_SLOT
+    The forkserver is one per process, shared by every pool. One already running whose
+    environment holds a variable in ``hidden`` (a later pool brought a key variable the first did
+    not hide) cannot be replaced while workers of it live (each holds it open), so this refuses
+    with ``WorkerError`` rather than start a worker that holds a key.
+    """
+    from multiprocess import forkserver, resource_tracker
+
+    _Scrub.names |= hidden
+    held = _forkserver_holds(hidden)
+    if held:
+        raise WorkerError(_holds_message(held))
+    if _forkserver_pid() is not None:
+        return  # running, and clean of every name asked for
+    names = (procs.TAG_VAR, *sorted(_Scrub.names))
+    saved = {name: os.environ.get(name) for name in names}
+    # The forkserver (and multiprocess's resource tracker, started with it) live in the
+    # supervisor's process group, where a CI runner's SIGINT/SIGTERM/SIGHUP to the whole group
+    # also lands: one that dies of it (or prints a KeyboardInterrupt while its interpreter
+    # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
+    # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
+    # once they have their own session (workers/_main.py). What arrives here meanwhile stays
+    # pending and is delivered to the supervisor when the mask is restored.
+    stop_signals = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP}
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
     try:
+        for name in _Scrub.names:
+            os.environ.pop(name, None)
+        os.environ[procs.TAG_VAR] = procs.TAG_SLOT
+        # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them
+        # on its way out; started first, on its own, it cannot unblock them under the forkserver.
+        resource_tracker.ensure_running()
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
         forkserver.ensure_running()
     finally:
-        if saved is None:
-            os.environ.pop(procs.TAG_VAR, None)
-        else:
-            os.environ[procs.TAG_VAR] = saved
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class _Scrub:
+    """Every variable a pool of this process asked to hide: a forkserver started (or restarted)
+    for any pool leaves them all out, so it suits every pool already open."""
+
+    names: frozenset[str] = frozenset()
+
+
+def _forkserver_pid() -> int | None:
+    """The running forkserver's pid, or None. Never reaps it (multiprocess does, and restarts
+    a dead one itself); it is this process's unreaped child, so the pid cannot be reused."""
+    from multiprocess import forkserver
+
+    pid: int | None = forkserver._forkserver._forkserver_pid
+    if pid is None:
+        return None
+    try:
+        exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    return pid if exited is None else None
+
+
+def _forkserver_holds(names: frozenset[str]) -> list[str]:
+    """Which of ``names`` the running forkserver was exec'd with (so every worker holds them)."""
+    pid = _forkserver_pid()
+    if pid is None:
+        return []
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            block = f.read()
+    except OSError:
+        return []
+    present = {entry.partition(b"=")[0].decode("utf-8", "replace") for entry in block.split(b"\0")}
+    return sorted(present & names)
+
+
+def _holds_message(held: list[str]) -> str:
+    shown = ", ".join(f"${name}" for name in held)
+    return (
+        f"the workers' forkserver, shared by this process's worker pools, was started with "
+        f"{shown} in its environment, so a tool could read it; close the other pools first "
+        f"(a new forkserver starts without it), or give the first pool hide_env=[...] naming it"
+    )
 
 
 class _ForkserverUsers:
