@@ -37,6 +37,8 @@ ALIASES = {
     "andon._cli_settings": "cli",
     "andon._cli_chat": "cli",
     "andon._cli_term": "cli",
+    "andon._cli_signals": "cli",
+    "andon._entry": "cli",
     "andon._bench": "cli",
 }
 ALLOWED: dict[str, set[str]] = {

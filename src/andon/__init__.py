@@ -1,13 +1,17 @@
 """andon: a supervisor for LLM agent loops in which stopping is a first-class operation.
 
 The top-level names are loaded lazily (PEP 562) so that importing a lower layer, for example in a
-worker process, does not drag in the supervisor.
+worker process, does not drag in the supervisor. This module imports nothing at all when loaded:
+the ``andon`` command's entry point runs after it, and every millisecond before the command's
+signal handlers are installed is a moment in which a CI runner's signal would kill the process
+by its default action.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 
@@ -36,6 +40,8 @@ def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)
     if module_name is None:
         raise AttributeError(f"module 'andon' has no attribute {name!r}")
+    import importlib
+
     module = importlib.import_module(module_name)
     value = module if module_name == f"andon.{name}" else getattr(module, name)
     globals()[name] = value

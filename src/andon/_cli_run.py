@@ -1,9 +1,13 @@
 """``andon run`` and ``andon resume``: one job, an honest exit code, nothing left running.
 
-Order matters here (cli.md, Signals): the signal handlers are installed with
-``loop.add_signal_handler`` as the first thing on the event loop, before the log is opened or a
-worker starts, so that a Ctrl-C at any moment becomes a cancel rather than a ``KeyboardInterrupt``
-that skips the clean-up. Everything that can be refused as a usage or configuration error (flags,
+Order matters here (cli.md, Signals): ``main`` handles signals from its first instruction
+(``andon._cli_signals``); the loop's handlers take over as the first thing on the event loop,
+before the log is opened or a worker starts, so that a Ctrl-C at any moment becomes a cancel
+rather than a ``KeyboardInterrupt`` that skips the clean-up; and after the loop the signals stay
+handled (recorded only) until the process exits. A signal that arrives before the agent exists
+means no agent is opened at all: no session folder, nothing started.
+
+Everything that can be refused as a usage or configuration error (flags,
 settings, the model spec and its key, the script file, the prompt) is checked before the agent
 starts, and gives exit code 2.
 
@@ -21,12 +25,13 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from andon._cli_output import JsonOutput, Output, StdoutClosed, TextOutput, say
 from andon._cli_settings import Settings
+from andon._cli_signals import LEDGER, record_only
 from andon.base import ConfigError, Disposed, User, session_id
 from andon.llm import Model, from_spec
 
@@ -39,8 +44,6 @@ EXIT_BLOCKED: Final = 3
 EXIT_MAX_TOKENS: Final = 4
 EXIT_HOOK: Final = 5
 EXIT_EPIPE: Final = 128 + signal.SIGPIPE
-
-_HANDLED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def exit_code_for(reason: Mapping[str, Any] | None) -> int:
@@ -77,36 +80,35 @@ class RunJob:
 
 @dataclass
 class _Signals:
-    """Signal bookkeeping; the handlers run on the loop (never inside a callback of ours)."""
+    """What a signal does during the loop; the handlers run on the loop (never inside a callback
+    of ours). The counts live in the process-wide ledger, so a signal received before the loop
+    started counts as the first."""
 
     out: Output
     session: Path
-    first: int | None = None
-    count: int = 0
     agent: Any = None  # the Agent once it exists
 
-    def install(self, loop: asyncio.AbstractEventLoop) -> None:
-        for signum in _HANDLED:
-            loop.add_signal_handler(signum, self.on_signal, signum)
+    @property
+    def first(self) -> int | None:
+        return LEDGER.first
 
-    def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
-        for signum in _HANDLED:
-            loop.remove_signal_handler(signum)
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        LEDGER.early = False  # from here on a signal stops the run instead of unwinding main
+        for signum in LEDGER.handled:
+            loop.add_signal_handler(signum, self.on_signal, signum)
 
     def on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
-        self.count += 1
-        if self.first is None:
-            self.first = signum
+        LEDGER.record(signum)
         agent = self.agent
-        if self.count == 1:
+        if LEDGER.count == 1:
             cause = User() if signum == signal.SIGINT else Disposed()
             if agent is None:
                 say(f"{name}: stopping before the agent started")
                 return
             self.out.stopping(name, cause.kind)
             agent.cancel(cause)
-        elif self.count == 2 or signum != signal.SIGINT:
+        elif LEDGER.count == 2 or signum != signal.SIGINT:
             if agent is not None:
                 self.out.forcing(name)
                 agent.cancel(User(), force=True)  # the first cause stays; force kills now
@@ -134,6 +136,25 @@ class _Signals:
         os._exit(128 + (self.first or signal.SIGINT))
 
 
+class HoldingLoop(asyncio.SelectorEventLoop):
+    """The event loop of ``andon run``: when it lets go of a signal (at close), the signal goes
+    to the recording handler in one swap, never through the default action.
+
+    The base loop restores ``SIG_DFL`` (``default_int_handler`` for SIGINT) when it closes; a
+    signal after that, delivered to any thread of the process (the log's sync thread, say), would
+    kill andon by the default action and change its exit status after ``run/summary`` was
+    printed. Blocking the signals would not help: a mask is per thread.
+    """
+
+    def remove_signal_handler(self, sig: int) -> bool:
+        if sig not in LEDGER.handled:
+            return super().remove_signal_handler(sig)
+        signal.signal(sig, record_only)  # atomic: from the loop's handler straight to ours
+        # The loop's wakeup socket is about to close; a signal must not be written to it.
+        signal.set_wakeup_fd(-1)
+        return True
+
+
 def load_model(spec: str | None, thinking: bool | None) -> Model:
     if not spec:
         raise ConfigError(
@@ -145,60 +166,42 @@ def load_model(spec: str | None, thinking: bool | None) -> Model:
 
 def run_job(job: RunJob) -> int:
     """Run ``job`` on a fresh event loop and return the exit code."""
-    return asyncio.run(_run(job))
+    # The loop hands its signals to the recording handler when it closes (HoldingLoop): from
+    # here to the process's exit, a signal never acts by its default action.
+    with asyncio.Runner(loop_factory=HoldingLoop) as runner:
+        return runner.run(_run(job))
 
 
 async def _run(job: RunJob) -> int:
-    import andon
-    from andon.hooks import TurnBudget
-
     loop = asyncio.get_running_loop()
     out = _output(job)
     signals = _Signals(out, job.session)
     signals.install(loop)  # first, before anything else starts
+    return await _run_installed(job, out, signals)
+
+
+async def _run_installed(job: RunJob, out: Output, signals: _Signals) -> int:
     live = _start_live(out)
     started = time.monotonic()
-    s = job.settings
-    hooks = []
-    if s.turn_budget is not None or s.max_steps is not None:
-        hooks.append(TurnBudget(seconds=s.turn_budget, steps=s.max_steps))
-    failure: str | None = None
-    usage = {"prompt_tokens": 0, "completion_tokens": 0}
-    # A SessionLive or ConfigError raised while opening leaves here wrapped in an exception
-    # group; ``andon.cli.main`` reports it as one line with exit code 2.
+    outcome = _Outcome()
     try:
-        async with asyncio.TaskGroup() as tg:  # noqa: SIM117 (the renderer outlives the agent)
-            async with andon.open_agent(
-                job.session,
-                model=job.model,
-                cwd=job.cwd,
-                pool=andon.WorkerPoolConfig(size=s.workers),
-                grace=s.grace,
-                hooks=hooks,
-                system_prompt=job.system_prompt,
-                tool_timeout=s.tool_timeout,
-                pass_env=s.pass_env,
-            ) as agent:
-                events = agent.events(since_seq=job.since_seq)
-                tg.create_task(_render(events, out, agent))
-                if signals.first is None:
-                    signals.agent = agent
-                    if job.prompt is not None:
-                        agent.followup(job.prompt)
-                    else:
-                        # Resume without a prompt: the inbox holds work (checked before the loop).
-                        agent.wake()
-                    try:
-                        await agent.when_idle()
-                    except Exception as e:  # a log write failure: the agent stopped
-                        failure = f"{type(e).__name__}: {e}"
-                usage = dict(agent.usage)
+        if signals.first is None:
+            await _drive(job, out, signals, outcome)
+        else:
+            # A signal landed before the agent existed: open nothing, start nothing.
+            say(f"{signal.Signals(signals.first).name}: stopped before the run started")
+    except BaseException as e:
+        if signals.first is None or isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        # After a signal, whatever broke on the way down is reported in one line: the signal
+        # decides the exit code (a pool start cut short, say).
+        say(f"stopping after {signal.Signals(signals.first).name}: {_describe(e)}")
     finally:
-        signals.uninstall(loop)
         if live is not None:
             live.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await live
+    failure = outcome.failure
     if failure is not None:
         say(failure)
     if signals.first is not None:
@@ -209,6 +212,7 @@ async def _run(job: RunJob) -> int:
         code = EXIT_FAILED
     else:
         code = exit_code_for(out.tracker.last_end)
+    usage = outcome.usage
     ended = out.tracker.last_end
     if ended is not None and ended.get("kind") == "error" and not job.json:
         error = ended.get("error") or {}
@@ -225,6 +229,59 @@ async def _run(job: RunJob) -> int:
     with contextlib.suppress(StdoutClosed):
         out.summary(summary)
     return code
+
+
+@dataclass
+class _Outcome:
+    failure: str | None = None
+    usage: dict[str, int] = field(
+        default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0}
+    )
+
+
+async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome) -> None:
+    """Open the agent, send the prompt (or wake), wait until idle, and take it all down."""
+    import andon
+    from andon.hooks import TurnBudget
+
+    s = job.settings
+    hooks = []
+    if s.turn_budget is not None or s.max_steps is not None:
+        hooks.append(TurnBudget(seconds=s.turn_budget, steps=s.max_steps))
+    # A SessionLive or ConfigError raised while opening leaves here wrapped in an exception
+    # group; ``andon.cli.main`` reports it as one line with exit code 2.
+    async with asyncio.TaskGroup() as tg:  # noqa: SIM117 (the renderer outlives the agent)
+        async with andon.open_agent(
+            job.session,
+            model=job.model,
+            cwd=job.cwd,
+            pool=andon.WorkerPoolConfig(size=s.workers),
+            grace=s.grace,
+            hooks=hooks,
+            system_prompt=job.system_prompt,
+            tool_timeout=s.tool_timeout,
+            pass_env=s.pass_env,
+        ) as agent:
+            events = agent.events(since_seq=job.since_seq)
+            tg.create_task(_render(events, out, agent))
+            if signals.first is None:  # a signal during the pool's start: no turn at all
+                signals.agent = agent
+                if job.prompt is not None:
+                    agent.followup(job.prompt)
+                else:
+                    # Resume without a prompt: the inbox holds work (checked before the loop).
+                    agent.wake()
+                try:
+                    await agent.when_idle()
+                except Exception as e:  # a log write failure: the agent stopped
+                    outcome.failure = f"{type(e).__name__}: {e}"
+            outcome.usage = dict(agent.usage)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        return _describe(error.exceptions[0])
+    return f"{type(error).__name__}: {error}"
 
 
 def _output(job: RunJob) -> Output:

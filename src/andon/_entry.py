@@ -1,0 +1,47 @@
+"""The ``andon`` command's entry point: signals are handled before anything else is imported.
+
+``andon.cli`` imports asyncio and the base layer (~60 ms); a CI runner's signal in that window
+would otherwise kill the process by the default action. Installing the handlers here, with only
+the light ``andon._cli_signals`` imported, leaves just the interpreter's own start-up out of reach.
+
+The process also *leaves* from here: once the exit code is decided and stdout and stderr are
+flushed, ``os._exit``. Interpreter finalization restores the default action of every signal
+Python handles (a late SIGTERM would then kill the process and change its status after
+``run/summary`` said otherwise) and tears down modules for nothing: everything andon started is
+already gone (the pool checked), so there is nothing left for it to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+from andon._cli_signals import install_early, stopped_in
+
+install_early()
+
+
+def main() -> int:
+    try:
+        from andon.cli import main as cli_main
+
+        code = cli_main()
+    except BaseException as e:  # a signal during the import of the command itself
+        stop = stopped_in(e)
+        if stop is None:
+            raise
+        code = 128 + stop.signum
+        with contextlib.suppress(Exception):
+            name = signal.Signals(stop.signum).name
+            print(f"andon: {name}: stopped before anything started", file=sys.stderr)
+    _leave(code)
+    return code  # not reached
+
+
+def _leave(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing to save
+            stream.flush()
+    os._exit(code)
