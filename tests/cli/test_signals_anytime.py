@@ -201,3 +201,76 @@ def test_a_signal_at_any_moment_is_a_clean_stop(tmp_path: Path) -> None:
         elif r.session.exists() and any(r.session.iterdir()):
             problems.append(f"{where}: a session folder without a log: {list(r.session.iterdir())}")
     assert not problems, "\n".join(problems)
+
+
+def _start_ignoring(folder: Path, model: str, ignored: int) -> subprocess.Popen[str]:
+    def ignore() -> None:  # runs in the child before exec: the disposition andon starts with
+        signal.signal(ignored, signal.SIG_IGN)
+
+    return subprocess.Popen(
+        [
+            ANDON,
+            "run",
+            "--json",
+            "--grace",
+            "1,1",
+            "--session",
+            str(folder / "s"),
+            "--model",
+            model,
+            "go",
+        ],
+        cwd=folder,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        preexec_fn=ignore,
+    )
+
+
+def _until_tool_output(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if json.loads(line).get("type") == "tool/output":
+            return
+    raise AssertionError("the run ended before its tool printed")
+
+
+def test_a_sighup_ignored_on_entry_stays_ignored(tmp_path: Path) -> None:
+    command = "echo ready; sleep 1; echo built"
+    model = script(
+        tmp_path / "m.json",
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "ok"}],
+    )
+    proc = _start_ignoring(tmp_path, model, signal.SIGHUP)
+    try:
+        _until_tool_output(proc)
+        os.kill(proc.pid, signal.SIGHUP)  # nohup asked for this to be ignored
+        out, err = proc.communicate(timeout=GRACE_BOUND)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["exit_code"] == 0
+
+
+def test_a_sigint_ignored_on_entry_still_stops_the_run(tmp_path: Path) -> None:
+    model = script(
+        tmp_path / "m.json",
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": LONG}}]}, {"text": "ok"}],
+    )
+    proc = _start_ignoring(tmp_path, model, signal.SIGINT)
+    try:
+        _until_tool_output(proc)
+        os.kill(proc.pid, signal.SIGINT)  # a CI job must always be able to stop its agent
+        out, err = proc.communicate(timeout=GRACE_BOUND)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert json.loads(out.splitlines()[-1])["exit_code"] == 130
