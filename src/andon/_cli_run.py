@@ -264,6 +264,8 @@ async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome)
         ) as agent:
             events = agent.events(since_seq=job.since_seq)
             tg.create_task(_render(events, out, agent))
+            # A reader that went away disposes the agent at once, not at the next event.
+            out.on_closed(lambda: agent.cancel(Disposed()))
             if signals.first is None:  # a signal during the pool's start: no turn at all
                 signals.agent = agent
                 if job.prompt is not None:

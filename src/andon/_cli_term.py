@@ -13,6 +13,12 @@ Two kinds of output over the same event stream:
 prompt's bottom toolbar (prompt_toolkit owns the terminal there). Control sequences in tool output
 (colours, cursor moves, titles, carriage-return progress bars) are stripped: a tool never drives
 the user's terminal.
+
+Like the other renderers, nothing here writes to the terminal on the event loop's thread: the
+console writes into the renderer's writer thread (``andon._cli_output.Writer``), one print as one
+unit, so a terminal paused with Ctrl-S never stops signals or timers. While the terminal does not
+keep up, the live area is not redrawn (its frames would only pile up); past the bound, whole prints
+are dropped (the session log has every record).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, cast
 
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
@@ -82,6 +88,32 @@ class _Stop:
     due: float | None = None  # time.monotonic()
 
 
+class _ConsoleFile:
+    """What the rich console writes to: the renderer's writer, one print (a frame: permanent
+    lines, the live area, cursor moves) as one unit, so no escape sequence is ever cut."""
+
+    def __init__(self, out: TermOutput, stream: TextIO) -> None:
+        self._output = out
+        self._stream = stream
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        self._output._emit(text, whole=True)
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # the writer thread writes as soon as it can
+
+    def isatty(self) -> bool:
+        try:
+            return self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
 class TermOutput(Output):
     """Rich renderer. ``console`` prints the permanent lines; :meth:`live` is the live area."""
 
@@ -94,7 +126,12 @@ class TermOutput(Output):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(grace, stream)
-        self.console = console or Console(file=stream, highlight=False)
+        if console is None:
+            # Into our writer thread; a console given by the caller (andon chat, whose terminal
+            # prompt_toolkit owns) is left as it is.
+            file = cast(TextIO, _ConsoleFile(self, self._out))
+            console = Console(file=file, highlight=False)
+        self.console = console
         self._clock = clock
         self._calls: dict[str, _Call] = {}
         self._partial = ""  # the assistant's current line
@@ -283,29 +320,41 @@ class TermOutput(Output):
 
         from rich.live import Live
 
-        with Live(
+        live = Live(
             get_renderable=self.live,
             console=self.console,
             auto_refresh=False,
             transient=True,
             redirect_stdout=False,
             redirect_stderr=False,
-        ) as live:
+        )
+        with self._forced():  # hiding the cursor is undone below, never dropped
+            live.start()
+        try:
             while True:
-                live.refresh()
+                writer = self._writer
+                if writer is None or not writer.pending:  # a terminal that keeps up
+                    live.refresh()
                 await asyncio.sleep(interval)
+        finally:
+            with self._forced():  # the cursor comes back, whatever was dropped
+                live.stop()
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         if self.closed:
             return
         self._flush_partial()
-        self.line(
-            f"{_plural(int(summary['turns']), 'turn')}, "
-            f"{_plural(int(summary['tool_calls']), 'tool call')}, "
-            f"{float(summary['duration']):.1f} s, ended {_reason(summary['ended'])}, "
-            f"exit {summary['exit_code']}; session {summary['session']}",
-            "bold",
-        )
+        dropped = self.stdout_dropped
+        note = f"; {_plural(dropped, 'line')} dropped (stdout was not read)" if dropped else ""
+        with self._forced():  # the last line is never dropped
+            self.line(
+                f"{_plural(int(summary['turns']), 'turn')}, "
+                f"{_plural(int(summary['tool_calls']), 'tool call')}, "
+                f"{float(summary['duration']):.1f} s, ended {_reason(summary['ended'])}, "
+                f"exit {summary['exit_code']}; session {summary['session']}{note}",
+                "bold",
+            )
+        self.finish(str(summary["session"]))
 
 
 def to_ansi(lines: list[Text], width: int | None = None) -> str:
