@@ -28,6 +28,7 @@ import collections
 import contextlib
 import errno
 import json
+import logging
 import os
 import select
 import stat
@@ -43,11 +44,13 @@ from andon.base import GracePolicy
 __all__ = [
     "JsonOutput",
     "Output",
+    "SayHandler",
     "StdoutClosed",
     "TextOutput",
     "Tracker",
     "Writer",
     "drain_writers",
+    "install_log_handler",
     "say",
 ]
 
@@ -74,6 +77,24 @@ _SAY_WAIT: Final = 0.05
 _EXIT_QUICK: Final = 0.5
 _EXIT_STALL: Final = 5.0
 _EXIT_CAP: Final = 30.0
+
+
+class SayHandler(logging.Handler):
+    """Log records of andon's own loggers as diagnostic lines: the ``andon:`` prefix, and the
+    same never-blocking path as :func:`say` (a stalled stderr must not freeze the loop)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            say(self.format(record))
+
+
+def install_log_handler() -> None:
+    """Route the ``andon`` loggers (warnings and worse) through :class:`SayHandler`; without it
+    Python's last-resort handler prints them bare, without the prefix."""
+    logger = logging.getLogger("andon")
+    if not any(isinstance(h, SayHandler) for h in logger.handlers):
+        logger.addHandler(SayHandler(logging.WARNING))
+        logger.propagate = False
 
 
 def say(text: str) -> None:

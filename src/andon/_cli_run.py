@@ -29,13 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon._cli_output import JsonOutput, Output, StdoutClosed, TextOutput, say
+from andon._cli_output import (
+    JsonOutput,
+    Output,
+    StdoutClosed,
+    TextOutput,
+    install_log_handler,
+    say,
+)
 from andon._cli_settings import Settings
 from andon._cli_signals import LEDGER, record_only
 from andon.base import ConfigError, Disposed, User, session_id
 from andon.llm import Model, from_spec
 
-__all__ = ["RunJob", "exit_code_for", "run_job"]
+__all__ = ["RunJob", "exit_code_for", "new_session_dir", "run_job", "sessions_root"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -76,6 +83,7 @@ class RunJob:
     system_prompt: str | None
     created: bool  # a new session folder (its path is announced)
     since_seq: int = 0  # the first record this run writes (repair closers included)
+    session_id: str | None = None  # a new session's id (its folder under the root is named so)
 
 
 @dataclass
@@ -174,6 +182,7 @@ def run_job(job: RunJob) -> int:
 
 async def _run(job: RunJob) -> int:
     loop = asyncio.get_running_loop()
+    install_log_handler()
     out = _output(job)
     signals = _Signals(out, job.session)
     signals.install(loop)  # first, before anything else starts
@@ -261,6 +270,7 @@ async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome)
             system_prompt=job.system_prompt,
             tool_timeout=s.tool_timeout,
             pass_env=s.pass_env,
+            session_id=job.session_id,
         ) as agent:
             events = agent.events(since_seq=job.since_seq)
             tg.create_task(_render(events, out, agent))
@@ -319,5 +329,30 @@ async def _render(events: Any, out: Output, agent: Any) -> None:
             agent.cancel(Disposed())
 
 
-def new_session_dir() -> Path:
-    return Path(".andon") / "sessions" / session_id()
+def sessions_root(environ: Mapping[str, str] | None = None) -> Path:
+    """Where new sessions go without ``--session``: ``$ANDON_HOME/sessions``, by default
+    ``${XDG_STATE_HOME:-~/.local/state}/andon/sessions``. Outside the workspace on purpose: tools
+    run there, and a ``git clean -fdx`` or ``rm -rf .andon`` must not delete a live log."""
+    env = os.environ if environ is None else environ
+    home = env.get("ANDON_HOME", "")
+    if home:
+        return Path(home).expanduser().absolute() / "sessions"
+    state = env.get("XDG_STATE_HOME", "")
+    if not state or not os.path.isabs(state):  # the XDG spec: a relative path is ignored
+        state = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "andon" / "sessions"
+
+
+def new_session_dir() -> tuple[Path, str]:
+    """A new session's folder under the root (created with its parents, 0700) and its id: the
+    folder is named by the ``session_id`` its ``session/start`` will record."""
+    root = sessions_root()
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot create the sessions folder {root}: {e.strerror or e} (set ANDON_HOME, or "
+            "give --session DIR)"
+        ) from None
+    sid = session_id()
+    return root / sid, sid

@@ -274,3 +274,59 @@ def test_a_sigint_ignored_on_entry_still_stops_the_run(tmp_path: Path) -> None:
             proc.communicate()
     assert proc.returncode == 130, err
     assert json.loads(out.splitlines()[-1])["exit_code"] == 130
+
+
+def test_sigterm_after_a_tool_killed_its_worker_still_stops_in_bounds(tmp_path: Path) -> None:
+    model = script(
+        tmp_path / "m.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "kill -9 $PPID"}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo second; " + LONG}}]},
+            {"text": "ok"},
+        ],
+    )
+    proc = subprocess.Popen(
+        [
+            ANDON,
+            "run",
+            "--json",
+            "--grace",
+            "1,1",
+            "--session",
+            str(tmp_path / "s"),
+            "--model",
+            model,
+            "go",
+        ],
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lost = False
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event.get("type") == "tool/result":
+                lost = lost or (event["data"].get("error") or {}).get("code") == "WORKER_LOST"
+            if event.get("type") == "tool/output" and "second" in event.get("text", ""):
+                break
+        assert lost, "the first call should have lost its worker"
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        _out, err = proc.communicate(timeout=GRACE_BOUND)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 143, err
+    # The grace policy is 1 s + 1 s: a bound far above it, not a figure.
+    assert took < 15.0, f"stopping took {took:.1f}s after a lost worker"
+    # Every diagnostic, log records of andon's own loggers included, carries the prefix.
+    bare = [line for line in err.splitlines() if line and not line.startswith("andon:")]
+    assert not bare, bare
