@@ -64,6 +64,7 @@ class _Job:
     system_prompt: str | None
     since_seq: int
     queued: tuple[int, int] = (0, 0)  # parked work of a resumed session (next-turn, next-step)
+    session_id: str | None = None  # a new session under the root: its folder's name is its id
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +85,7 @@ def _job(args: argparse.Namespace) -> _Job:
     since_seq = 0
     queued = (0, 0)
     session = Path(args.session) if args.session else new_session_dir()
+    new_id = None if args.session else session.name
     if (session / "events.jsonl").exists():
         try:
             records = read(session)
@@ -107,7 +109,7 @@ def _job(args: argparse.Namespace) -> _Job:
     if cwd is not None and not Path(cwd).is_dir():
         raise ConfigError(f"--cwd: no such directory: {cwd}")
     model = load_model(model_spec, settings.thinking)
-    return _Job(session, settings, model, cwd, system_prompt, since_seq, queued)
+    return _Job(session, settings, model, cwd, system_prompt, since_seq, queued, new_id)
 
 
 @dataclass
@@ -229,6 +231,7 @@ async def _chat(job: _Job) -> int:
             system_prompt=job.system_prompt,
             tool_timeout=s.tool_timeout,
             pass_env=s.pass_env,
+            session_id=job.session_id,
         ) as agent:
             events = agent.events(since_seq=job.since_seq)
             render = asyncio.create_task(_render(events, chat))

@@ -343,9 +343,10 @@ def sessions_root(environ: Mapping[str, str] | None = None) -> Path:
     return Path(state) / "andon" / "sessions"
 
 
-def new_session_dir() -> tuple[Path, str]:
-    """A new session's folder under the root (created with its parents, 0700) and its id: the
-    folder is named by the ``session_id`` its ``session/start`` will record."""
+def new_session_dir() -> Path:
+    """A new session's folder under the root (the root is created with its parents, 0700), named
+    by a fresh session id: pass ``session_id=path.name`` to ``open_agent`` so that its
+    ``session/start`` records the same id."""
     root = sessions_root()
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -354,5 +355,4 @@ def new_session_dir() -> tuple[Path, str]:
             f"cannot create the sessions folder {root}: {e.strerror or e} (set ANDON_HOME, or "
             "give --session DIR)"
         ) from None
-    sid = session_id()
-    return root / sid, sid
+    return root / session_id()

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from andon.base import ConfigError, GracePolicy
 
-__all__ = ["ENV_VARS", "TOML_FILE", "Settings", "resolve"]
+__all__ = ["ENV_VARS", "MAX_GRACE", "TOML_FILE", "Settings", "max_workers", "resolve"]
 
 TOML_FILE: Final = "andon.toml"
 
@@ -44,8 +44,8 @@ def _positive_float(name: str) -> Callable[[str], float]:
             value = float(text)
         except ValueError:
             raise ConfigError(f"{name} takes a number of seconds (got {text!r})") from None
-        if math.isnan(value) or value <= 0:
-            raise ConfigError(f"{name} must be a positive number of seconds (got {text!r})")
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{name} must be a finite, positive number of seconds (got {text!r})")
         return value
 
     return parse
@@ -64,11 +64,34 @@ def _positive_int(name: str) -> Callable[[str], int]:
     return parse
 
 
+MAX_GRACE: Final = 3600.0
+"""The longest a grace stage may be, in seconds (each of TERM and KILL)."""
+
+
+def max_workers() -> int:
+    """``--workers`` at most: four per CPU."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def _workers(text: str) -> int:
+    value = _positive_int("workers")(text)
+    if value > max_workers():
+        raise ConfigError(f"workers must be at most {max_workers()} (4 per CPU; got {text!r})")
+    return value
+
+
 def _grace(text: str) -> GracePolicy:
     try:
-        return GracePolicy.parse(text)
+        policy = GracePolicy.parse(text)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"grace: {e}") from None
+    for stage in (policy.term_after, policy.kill_after):
+        if not math.isfinite(stage) or not 0 <= stage <= MAX_GRACE:
+            raise ConfigError(
+                f"grace: each of TERM,KILL must be a number of seconds from 0 to "
+                f"{MAX_GRACE:g} (got {text!r})"
+            )
+    return policy
 
 
 def _thinking(text: str) -> bool:
@@ -88,7 +111,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "model": str.strip,
     "cwd": str,
     "system": str,
-    "workers": _positive_int("workers"),
+    "workers": _workers,
     "grace": _grace,
     "tool_timeout": _positive_float("tool-timeout"),
     "turn_budget": _positive_float("turn-budget"),

@@ -12,13 +12,16 @@ the agent starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from andon import __version__
 from andon.base import (
@@ -31,6 +34,7 @@ from andon.base import (
 
 if TYPE_CHECKING:
     from andon._cli_run import RunJob
+    from andon.session import Records
 
 __all__ = ["main"]
 
@@ -40,7 +44,13 @@ EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit 2), not a usage dump."""
+    """argparse, but a usage error is one line (and exit 2), not a usage dump; and a word that
+    starts with a minus and a digit (``--grace -1,2``, ``--workers -3``) is a (bad) value, never
+    a flag: no flag of andon starts with a digit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"andon: {message} (see 'andon {self._sub_name()}--help')\n")
@@ -58,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.required = True
 
     log = sub.add_parser("log", help="show a session's transcript")
-    log.add_argument("session", metavar="DIR")
+    log.add_argument("session", metavar="DIR", help="a session folder, or a session id")
     log.add_argument("--json", action="store_true", help="one JSON record per line")
 
     check = sub.add_parser("check", help="check a session log's invariants")
@@ -68,13 +78,16 @@ def _parser() -> argparse.ArgumentParser:
     repair.add_argument("session", metavar="DIR")
     repair.add_argument("--dry-run", action="store_true", help="say what would be appended")
 
+    sessions = sub.add_parser("sessions", help="list the sessions under the sessions root")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per session")
+
     run = sub.add_parser("run", help="run one job: a prompt until the agent is idle")
     run.add_argument("prompt", nargs="?", metavar="PROMPT", help="the task (default: stdin)")
     run.add_argument("--session", metavar="DIR", help="session folder (an existing one is resumed)")
     _job_options(run)
 
     resume = sub.add_parser("resume", help="continue a session (repairing it if it crashed)")
-    resume.add_argument("session", metavar="DIR")
+    resume.add_argument("session", metavar="DIR", help="a session folder, or a session id")
     resume.add_argument("prompt", nargs="?", metavar="PROMPT", help="a follow-up to run")
     _job_options(resume)
 
@@ -159,12 +172,31 @@ def _describe(error: BaseException) -> str:
 
 
 def _session_dir(value: str) -> Path:
+    """A session folder given as a path, or as a session id (a folder under the sessions root)."""
+    from andon._cli_run import sessions_root
+
     path = Path(value)
+    if not path.is_dir() and value and os.sep not in value and value not in (".", ".."):
+        by_id = sessions_root() / value
+        if by_id.is_dir():
+            path = by_id
     if not path.is_dir():
-        raise NotADirectoryError(2, "no such session folder", value)
+        raise NotADirectoryError(2, "no such session folder (nor a session id)", value)
     if not (path / "events.jsonl").exists():
         raise FileNotFoundError(2, "not a session folder (no events.jsonl)", value)
     return path
+
+
+def _check_new_session(path: Path) -> None:
+    """``--session DIR`` for a new session: andon creates DIR, never the folders above it."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--session: {path} exists and is not a folder")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise ConfigError(
+            f"--session: the folder {parent} does not exist; create it first (andon creates only "
+            "the session folder itself)"
+        )
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -175,6 +207,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _check(_session_dir(args.session))
         case "repair":
             return _repair(_session_dir(args.session), dry_run=args.dry_run)
+        case "sessions":
+            from andon._cli_run import sessions_root
+
+            return _sessions(sessions_root(), as_json=args.json)
         case "run" | "resume":
             from andon._cli_run import run_job
 
@@ -206,6 +242,8 @@ def _job(args: argparse.Namespace) -> RunJob:
         existing = _session_dir(args.session)
     elif args.session is not None and Path(args.session, "events.jsonl").exists():
         existing = Path(args.session)
+    elif args.session is not None:
+        _check_new_session(Path(args.session))
     model_spec, system_prompt, cwd = settings.model, None, settings.cwd
     since_seq = 0
     if existing is not None:
@@ -214,6 +252,7 @@ def _job(args: argparse.Namespace) -> RunJob:
             records = read(existing)
         except (LogCorrupted, LogFormatUnsupported) as e:
             raise ConfigError(f"cannot read the session log: {e}") from None
+        _refuse_invalid(existing, records)
         state = fold_state(records)
         since_seq = state.next_seq
         if model_spec is None and state.model is not None:
@@ -238,12 +277,14 @@ def _job(args: argparse.Namespace) -> RunJob:
         prompt = _read_stdin()
     if prompt is not None and not prompt.strip():
         raise ConfigError("the prompt is empty")
+    sid: str | None = None
     if existing is not None:
         session = existing
     elif args.session is not None:
         session = Path(args.session)
     else:
         session = new_session_dir()
+        sid = session.name  # the id its session/start records
     if existing is None:
         # The path comes first, so CI can keep the folder as an artifact whatever happens next.
         print(f"andon: session {session}", file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -257,7 +298,29 @@ def _job(args: argparse.Namespace) -> RunJob:
         system_prompt=system_prompt,
         created=existing is None,
         since_seq=since_seq,
+        session_id=sid,
     )
+
+
+def _refuse_invalid(folder: Path, records: Records) -> None:
+    """Refuse to continue a log that ``andon check`` rejects, unless crash repair (which the open
+    of the log runs) makes it whole: a crash's open turn is fine, a broken history is not (it
+    would stay broken for ever, whatever is appended after it)."""
+    from andon.session import check, repair
+
+    violations = check(records)
+    if not violations:
+        return
+    # What repair would append (a dry run: nothing written; SessionLive if the session is live).
+    closers = repair(folder, dry_run=True).appended
+    left = check([*records, *closers])
+    if left:
+        first = left[0]
+        raise ConfigError(
+            f"cannot resume {folder}: its log breaks the log's rules (seq {first.seq}: "
+            f"[{first.rule}] {first.message}) and repair cannot fix that; "
+            f"'andon check {folder}' lists every violation"
+        )
 
 
 def _read_stdin() -> str:
@@ -290,8 +353,17 @@ def _log(folder: Path, *, as_json: bool) -> int:
 
 
 def _check(folder: Path) -> int:
-    from andon.session import check, read
+    from andon.session import check, live_holder, read
 
+    holder = live_holder(folder)
+    if holder is not None:
+        # Its open turn is simply still running: not a violation, and nothing to repair.
+        print(
+            f"andon: session {folder} is live: {holder.describe()} holds its lock; check it "
+            "once that process has ended",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         records = read(folder)
     except (LogCorrupted, LogFormatUnsupported) as e:
@@ -309,6 +381,61 @@ def _check(folder: Path) -> int:
         print(f"seq {v.seq}: [{v.rule}] {v.message}")
     print(f"{len(violations)} violation(s); a crashed session is fixed with 'andon repair'")
     return EXIT_FAILED
+
+
+def _session_summary(folder: Path) -> dict[str, Any]:
+    """One ``andon sessions`` entry: read the log (no lock), ask the lock whether it is live."""
+    from andon.session import iter_records, live_holder
+
+    entry: dict[str, Any] = {"session_id": folder.name, "path": str(folder), "started": None}
+    entry.update(cwd=None, ended=None, open_turn=None, live=False, pid=None)
+    try:
+        for record in iter_records(folder):
+            data = record.to_dict().get("data") or {}
+            if record.type == "session/start":
+                entry.update(session_id=data.get("session_id"), cwd=data.get("cwd"))
+                entry["started"] = data.get("created")
+            elif record.type == "turn/start":
+                entry["open_turn"] = data.get("turn")
+            elif record.type == "turn/end":
+                entry.update(open_turn=None, ended=data.get("reason"))
+    except (AndonError, OSError, ValueError) as e:
+        entry["error"] = str(e)
+    holder = live_holder(folder)
+    if holder is not None:
+        entry.update(live=True, pid=holder.pid)
+    if entry["started"] is None:
+        with contextlib.suppress(OSError):
+            entry["started"] = (folder / "events.jsonl").stat().st_mtime
+    return entry
+
+
+def _sessions(root: Path, *, as_json: bool) -> int:
+    folders = [p for p in root.iterdir() if (p / "events.jsonl").is_file()] if root.is_dir() else []
+    entries = sorted(
+        (_session_summary(p) for p in folders), key=lambda e: e["started"] or 0, reverse=True
+    )
+    if not entries and not as_json:
+        print(f"no sessions under {root}", file=sys.stderr)
+    for e in entries:
+        if as_json:
+            sys.stdout.write(json.dumps(e, ensure_ascii=False) + "\n")
+            continue
+        started = "-"
+        if e["started"] is not None:
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["started"]))
+        if "error" in e:
+            ended = "unreadable"
+        elif e["open_turn"] is not None:
+            ended = f"turn {e['open_turn']} running" if e["live"] else f"turn {e['open_turn']} open"
+        elif e["ended"] is not None:
+            ended = str(e["ended"].get("kind"))
+        else:
+            ended = "no turn"
+        live = f"live (pid {e['pid']})" if e["live"] else "cold"
+        print(f"{e['session_id']}  {started}  {e['cwd'] or '-'}  {ended}  {live}")
+    sys.stdout.flush()
+    return EXIT_OK
 
 
 def _repair(folder: Path, *, dry_run: bool) -> int:

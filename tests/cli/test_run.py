@@ -58,11 +58,14 @@ def test_completed_run_exits_0_with_the_transcript(tmp_path: Path) -> None:
             {"text": "All green."},
         ],
     )
-    result = run("run", "--model", model, "build it", cwd=tmp_path)
+    home = tmp_path / "home"
+    result = run(
+        "run", "--model", model, "build it", cwd=tmp_path, environ=env(ANDON_HOME=str(home))
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("andon: session .andon/sessions/")
-    session = tmp_path / lines[0].split()[-1]
+    assert lines[0].startswith(f"andon: session {home / 'sessions'}/")
+    session = Path(lines[0].split()[-1])
     assert "Checking." in result.stdout and "built-ok" in result.stdout
     assert "All green." in result.stdout and "[exit code 0]" in result.stdout
     assert "ended completed, exit 0" in result.stderr and "Traceback" not in result.stderr
@@ -257,7 +260,8 @@ def test_closed_stdout_disposes_quietly(tmp_path: Path) -> None:
 
 def test_max_tokens_exits_4(tmp_path: Path) -> None:
     model = script(tmp_path / "s.json", [{"text": "cut sho", "finish": "length"}])
-    result = run("run", "--model", model, "write a novel", cwd=tmp_path)
+    environ = env(ANDON_HOME=str(tmp_path / "home"))
+    result = run("run", "--model", model, "write a novel", cwd=tmp_path, environ=environ)
     assert result.returncode == 4, result.stderr
     assert "ended max-tokens" in result.stderr
 
@@ -302,7 +306,7 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path, case: str) -> Non
     ok = script(tmp_path / "ok.yaml", [{"text": "ok"}])
     if case == "resume nothing to run":
         assert run("run", "--model", ok, "--session", "done", "hi", cwd=tmp_path).returncode == 0
-    environ = env(**extra)
+    environ = env(ANDON_HOME=str(tmp_path / "home"), **extra)
     environ.pop("DEEPSEEK_API_KEY", None)
     result = run(*args, cwd=tmp_path, environ=environ)
     assert result.returncode == 2, result.stderr
@@ -340,11 +344,14 @@ def test_a_session_live_in_another_process_is_refused(tmp_path: Path, killer: li
 def test_settings_come_from_andon_toml_and_env_and_flags_win(tmp_path: Path) -> None:
     good = script(tmp_path / "good.json", [{"text": "from the flag"}])
     (tmp_path / "andon.toml").write_text('model = "script:nope.yaml"\nworkers = 1\n')
-    assert run("run", "x", cwd=tmp_path).returncode == 2  # the toml's model is used, and refused
-    environ = env(ANDON_MODEL=good)
+    home = str(tmp_path / "home")
+    refused = run("run", "x", cwd=tmp_path, environ=env(ANDON_HOME=home))
+    assert refused.returncode == 2  # the toml's model is used, and refused
+    environ = env(ANDON_MODEL=good, ANDON_HOME=home)
     result = run("run", "x", cwd=tmp_path, environ=environ)
     assert result.returncode == 0 and "from the flag" in result.stdout
-    result = run("run", "--model", good, "x", cwd=tmp_path, environ=env(ANDON_MODEL="script:nope"))
+    environ = env(ANDON_MODEL="script:nope", ANDON_HOME=home)
+    result = run("run", "--model", good, "x", cwd=tmp_path, environ=environ)
     assert result.returncode == 0, result.stderr
 
 
@@ -354,7 +361,8 @@ def test_the_ci_build_example_goes_red_then_green(tmp_path: Path) -> None:
     examples = Path(__file__).resolve().parents[2] / "examples"
     (tmp_path / "examples").symlink_to(examples)
     model = "script:examples/ci-build/script.yaml"
-    result = run("run", "--model", model, "The build is red: fix it", cwd=tmp_path)
+    environ = env(ANDON_HOME=str(tmp_path / "home"))
+    result = run("run", "--model", model, "The build is red: fix it", cwd=tmp_path, environ=environ)
     assert result.returncode == 0, result.stderr
     assert "[exit code 1]" in result.stdout and "2 failed" in result.stdout
     assert result.stdout.rstrip().endswith("ended: completed")

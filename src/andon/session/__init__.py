@@ -30,7 +30,7 @@ from andon.session._folds import (
     history,
 )
 from andon.session._leftovers import Leftover
-from andon.session._lock import LockHolder, read_lock_holder
+from andon.session._lock import LockHolder, live_holder, read_lock_holder
 from andon.session._reader import Records, RecordStream, TornTail, iter_records, read
 from andon.session._records import (
     FORMAT_VERSION,
@@ -160,6 +160,7 @@ __all__ = [
     "history",
     "iter_records",
     "kill_in_flight",
+    "live_holder",
     "load",
     "read",
     "read_lock_holder",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from andon.base import SessionLive
 
-__all__ = ["LockHolder", "SessionLock", "read_lock_holder"]
+__all__ = ["LockHolder", "SessionLock", "live_holder", "read_lock_holder"]
 
 LOCK_NAME = "lock"
 
@@ -71,6 +71,25 @@ def read_lock_holder(session_dir: str | os.PathLike[str]) -> LockHolder | None:
             return _parse_holder(f.read(4096))
     except FileNotFoundError:
         return None
+
+
+def live_holder(session_dir: str | os.PathLike[str]) -> LockHolder | None:
+    """The holder of a session's lock if another process holds it now (the session is live),
+    else ``None``. Takes nothing for longer than one non-blocking ``flock`` attempt (a shared
+    lock, released at once), writes nothing, and never creates the lock file."""
+    try:
+        fd = os.open(Path(session_dir) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # never locked: no process ever opened it for writing
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _parse_holder(os.pread(fd, 4096, 0))
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 class SessionLock:

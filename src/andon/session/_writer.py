@@ -221,6 +221,7 @@ class SessionLog:
         self._probe = probe or _no_probe
         self._mutex = threading.RLock()
         self._failure: OSError | None = None
+        self._gone: str | None = None  # "deleted" / "replaced": the log vanished under the writer
         self._closed = False
         self._syncer = _Syncer(fd, fsync, f"andon-fsync-{folder.name}", self._lines)
 
@@ -493,6 +494,15 @@ class SessionLog:
     def _refusal(self) -> LogWriteFailed:
         exc = self._failure
         assert exc is not None
+        if self._gone is not None:
+            return LogWriteFailed(
+                f"the session log {self.path} was {self._gone} while the session ran (a tool's "
+                "'git clean -fdx' or 'rm -rf'?); andon stopped writing, so this run's records "
+                "after that are lost. Keep sessions outside the workspace (the default root, or "
+                "ANDON_HOME) so that the tools cannot reach them.",
+                session=str(self.session_dir),
+                errno=exc.errno,
+            )
         return LogWriteFailed(
             f"writing the session log {self.path} failed ({exc.strerror or exc}); andon stopped "
             "writing to it and closed the open turn where it could. Free space or fix the disk, "
@@ -514,7 +524,10 @@ class SessionLog:
                 self._settle()
         if self._failure is not None:
             raise self._refusal() from self._failure
-        if self.durability != "barrier" or self._closed:
+        if self._closed:
+            return
+        self._check_file()
+        if self.durability != "barrier":
             return
         try:
             await self._syncer.wait(self._mark.lines)
@@ -522,6 +535,33 @@ class SessionLog:
             with self._mutex:
                 self._fail(exc)
             raise self._refusal() from exc
+
+    def _check_file(self) -> None:
+        """Fail (``LogWriteFailed``) if the log was deleted or replaced under this writer: the
+        open file has no name left (``st_nlink == 0``), or the path names another file (another
+        inode or device), or none. One ``fstat`` and one ``stat``; run at every barrier, not at
+        every append."""
+        try:
+            mine = os.fstat(self._fd)
+            try:
+                named = os.stat(self.path)
+            except FileNotFoundError:
+                gone: str | None = "deleted"  # or moved away, or its folder removed
+            else:
+                same = (named.st_ino, named.st_dev) == (mine.st_ino, mine.st_dev)
+                # The same file under its name always has a link (st_nlink == 0 means unlinked).
+                gone = None if same and mine.st_nlink > 0 else "replaced"
+        except OSError as exc:
+            with self._mutex:
+                self._fail(exc)
+            raise self._refusal() from exc
+        if gone is None:
+            return
+        with self._mutex:
+            if self._failure is None:
+                self._gone = gone
+                self._fail(OSError(errno.ESTALE, f"the session log was {gone}"))
+        raise self._refusal() from self._failure
 
     def close(self) -> None:
         """Sync (unless ``"none"``), stop the sync thread, close the file and release the lock.

@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import andon
-from andon.base import Clock, GracePolicy, SystemClock, session_id
+from andon.base import Clock, GracePolicy, SystemClock
+from andon.base import session_id as new_session_id
 from andon.llm import Model
 from andon.session import (
     FORMAT_VERSION,
@@ -70,6 +71,7 @@ async def open_agent(
     secret_env: Sequence[str] = (),
     pass_env: Sequence[str] = (),
     workers: WorkerPool | None = None,
+    session_id: str | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
@@ -81,6 +83,9 @@ async def open_agent(
     The block owns an ``asyncio.TaskGroup``: every task the agent starts (its turn driver, and
     through it the step's tool calls and subagents) is a child of it and has ended when the block
     ends.
+
+    ``session_id`` is the id a new session's ``session/start`` records (default: a fresh one); the
+    CLI names the session folder after it. It is ignored when an existing session is resumed.
     """
     if max_parallel is not None:
         check_max_parallel(max_parallel)  # before anything is opened: a bad value loses nothing
@@ -111,7 +116,7 @@ async def open_agent(
             first = log.append(
                 SessionStart(
                     FORMAT_VERSION,
-                    session_id(),
+                    session_id if session_id is not None else new_session_id(),
                     andon.__version__,
                     clock.time(),
                     workdir,

@@ -1,0 +1,341 @@
+"""Where sessions live and which sessions a command accepts: the real ``andon`` executable.
+
+``andon check`` of a live session, ``andon resume`` of a log ``check`` rejects, the sessions root
+outside the workspace (``$ANDON_HOME/sessions``), ``andon sessions``, and the bounds of the numeric
+settings. Every test points ``ANDON_HOME`` at its own tmp folder: nothing is written into the real
+home.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.support import ANDON, env, is_tool_output, long_script, read_until, script
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def home_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return env(ANDON_HOME=str(tmp_path / "home"), **extra)
+
+
+def andon(
+    *args: str, cwd: Path, environ: dict[str, str], stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ANDON, *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Started runs are SIGKILLed (with their process group) when the test ends."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+
+
+def start_long(tmp_path: Path, session: Path, procs: list[Any]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            ANDON,
+            "run",
+            "--json",
+            "--grace",
+            "1,1",
+            "--model",
+            long_script(tmp_path),
+            "--session",
+            str(session),
+            "build",
+        ],
+        cwd=tmp_path,
+        env=home_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    procs.append(proc)
+    read_until(proc, is_tool_output)  # the long bash tool is running: the session is live
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> int:
+    os.kill(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=30)
+    return proc.returncode
+
+
+# --- 1. andon check on a live session ------------------------------------------------------------
+
+
+def test_check_of_a_live_session_says_live_naming_the_pid_and_exits_2(
+    tmp_path: Path, procs: list[Any]
+) -> None:
+    session = tmp_path / "s"
+    proc = start_long(tmp_path, session, procs)
+    result = andon("check", str(session), cwd=tmp_path, environ=home_env(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "is live" in result.stderr and f"process {proc.pid}" in result.stderr
+    assert "repair" not in result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert stop(proc) == 130
+    after = andon("check", str(session), cwd=tmp_path, environ=home_env(tmp_path))
+    assert after.returncode == 0, after.stdout + after.stderr  # cold again, and balanced
+
+
+# --- 2. andon resume refuses a log that andon check rejects ---------------------------------------
+
+
+def one_tool_script(tmp_path: Path, command: str = "echo built-ok") -> str:
+    return script(
+        tmp_path / "one.json",
+        [
+            {
+                "text": "Building.",
+                "tool_calls": [{"name": "bash", "arguments": {"command": command}}],
+            },
+            {"text": "Done."},
+        ],
+    )
+
+
+def done_script(tmp_path: Path) -> str:
+    return script(tmp_path / "done.json", [{"text": "Resumed."}])
+
+
+def lines_of(session: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session / "events.jsonl").read_text().splitlines()]
+
+
+def rewrite(session: Path, records: list[dict[str, Any]], *, renumber: bool = True) -> None:
+    if renumber:
+        records = [{**r, "seq": i} for i, r in enumerate(records)]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (session / "events.jsonl").write_text(text)
+
+
+@pytest.fixture
+def finished(tmp_path: Path) -> Path:
+    """A real session: one turn with one bash call, completed."""
+    session = tmp_path / "s"
+    result = andon(
+        "run", "--model", one_tool_script(tmp_path), "--session", str(session), "build",
+        cwd=tmp_path, environ=home_env(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return session
+
+
+def _drop_tool_call(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["type"] != "tool/call"]
+
+
+def _duplicate_seq(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    at = next(i for i, r in enumerate(records) if r["type"] == "step/start")
+    return [*records[: at + 1], records[at], *records[at + 1 :]]
+
+
+def _turn_starts_twice(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    at = next(i for i, r in enumerate(records) if r["type"] == "turn/start")
+    return [*records[: at + 1], records[at], *records[at + 1 :]]
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "renumber"),
+    [
+        ("result-without-call", _drop_tool_call, True),
+        ("duplicate-seq", _duplicate_seq, False),
+        ("turn-starts-twice", _turn_starts_twice, True),
+    ],
+)
+def test_resume_refuses_a_log_check_rejects(
+    tmp_path: Path, finished: Path, name: str, damage: Any, renumber: bool
+) -> None:
+    rewrite(finished, damage(lines_of(finished)), renumber=renumber)
+    before = (finished / "events.jsonl").read_bytes()
+    checked = andon("check", str(finished), cwd=tmp_path, environ=home_env(tmp_path))
+    assert checked.returncode in (1, 2), checked.stdout
+    for command in ("resume", "run"):
+        args = [str(finished), "go on"] if command == "resume" else ["--session", str(finished)]
+        result = andon(
+            command, "--model", done_script(tmp_path), *args,
+            *(["go on"] if command == "run" else []), cwd=tmp_path, environ=home_env(tmp_path),
+        )  # fmt: skip
+        assert result.returncode == 2, f"{name}: {result.stdout}{result.stderr}"
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "seq " in result.stderr or "cannot read" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert (finished / "events.jsonl").read_bytes() == before  # nothing appended
+
+
+def test_resume_of_a_crash_truncated_log_still_repairs_and_continues(
+    tmp_path: Path, finished: Path
+) -> None:
+    records = lines_of(finished)
+    cut = next(i for i, r in enumerate(records) if r["type"] == "tool/started")
+    rewrite(finished, records[: cut + 1], renumber=False)  # kill -9 while the tool ran
+    result = andon(
+        "resume", "--model", done_script(tmp_path), str(finished), "go on",
+        cwd=tmp_path, environ=home_env(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Resumed." in result.stdout
+    checked = andon("check", str(finished), cwd=tmp_path, environ=home_env(tmp_path))
+    assert checked.returncode == 0, checked.stdout
+    assert any(r["type"] == "session/repaired" for r in lines_of(finished))
+
+
+# --- 3. the sessions root outside the workspace ---------------------------------------------------
+
+
+def announced(result: subprocess.CompletedProcess[str], *, json_mode: bool = False) -> Path:
+    first = (result.stderr if json_mode else result.stdout).splitlines()[0]
+    assert first.startswith("andon: session "), first
+    return Path(first.removeprefix("andon: session "))
+
+
+def test_a_new_session_goes_under_andon_home_named_by_its_session_id(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    result = andon(
+        "run", "--model", one_tool_script(tmp_path), "build", cwd=work, environ=home_env(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr
+    session = announced(result)
+    assert session.parent == tmp_path / "home" / "sessions"
+    start = lines_of(session)[0]
+    assert start["type"] == "session/start" and start["data"]["session_id"] == session.name
+    assert start["data"]["cwd"] == str(work)
+    assert list(work.iterdir()) == []  # nothing in the workspace
+    as_json = andon(
+        "run", "--json", "--model", done_script(tmp_path), "hi", cwd=work,
+        environ=home_env(tmp_path),
+    )  # fmt: skip
+    assert as_json.returncode == 0, as_json.stderr
+    summary = json.loads(as_json.stdout.splitlines()[-1])
+    assert summary["session"] == str(announced(as_json, json_mode=True))
+
+
+def test_without_andon_home_the_root_is_under_xdg_state_home(tmp_path: Path) -> None:
+    environ = env(XDG_STATE_HOME=str(tmp_path / "state"))
+    result = andon("run", "--model", done_script(tmp_path), "hi", cwd=tmp_path, environ=environ)
+    assert result.returncode == 0, result.stderr
+    assert announced(result).parent == tmp_path / "state" / "andon" / "sessions"
+
+
+def test_resume_takes_a_session_id_or_a_path(tmp_path: Path) -> None:
+    environ = home_env(tmp_path)
+    first = andon("run", "--model", done_script(tmp_path), "hi", cwd=tmp_path, environ=environ)
+    session = announced(first)
+    model = script(tmp_path / "again.json", [{"text": "Again."}, {"text": "And again."}])
+    by_id = andon("resume", "--model", model, session.name, "more", cwd=tmp_path, environ=environ)
+    assert by_id.returncode == 0, by_id.stderr
+    assert "Again." in by_id.stdout
+    by_path = andon("resume", "--model", model, str(session), "more", cwd=tmp_path, environ=environ)
+    assert by_path.returncode == 0, by_path.stderr
+    log = andon("log", session.name, cwd=tmp_path, environ=environ)
+    assert log.returncode == 0 and "Again." in log.stdout
+    unknown = andon("resume", "s-000000000000", "x", cwd=tmp_path, environ=environ)
+    assert unknown.returncode == 2 and len(unknown.stderr.strip().splitlines()) == 1
+
+
+def test_sessions_lists_newest_first_with_how_each_ended_and_whether_live(
+    tmp_path: Path, procs: list[Any]
+) -> None:
+    environ = home_env(tmp_path)
+    empty = andon("sessions", cwd=tmp_path, environ=environ)
+    assert empty.returncode == 0 and empty.stdout == ""
+    done = announced(
+        andon("run", "--model", done_script(tmp_path), "hi", cwd=tmp_path, environ=environ)
+    )
+    maxed = script(tmp_path / "max.json", [{"text": "cut sho", "finish": "length"}])
+    cut = announced(andon("run", "--model", maxed, "novel", cwd=tmp_path, environ=environ))
+    live_dir = tmp_path / "home" / "sessions" / "s-aaaaaaaaaaaa"
+    proc = start_long(tmp_path, live_dir, procs)  # newest
+    listed = andon("sessions", cwd=tmp_path, environ=environ)
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()
+    assert [row.split()[0] for row in rows[1:]] == [cut.name, done.name]
+    assert rows[0].split()[0].startswith("s-")  # the live run's own session/start id
+    assert f"live (pid {proc.pid})" in rows[0] and "running" in rows[0]
+    assert "max-tokens" in rows[1] and "cold" in rows[1]
+    assert "completed" in rows[2] and str(tmp_path) in rows[2]
+    as_json = [json.loads(line) for line in andon(
+        "sessions", "--json", cwd=tmp_path, environ=environ
+    ).stdout.splitlines()]  # fmt: skip
+    assert [e["path"] for e in as_json] == [str(live_dir), str(cut), str(done)]
+    assert as_json[0]["live"] is True and as_json[0]["pid"] == proc.pid
+    assert as_json[2]["ended"] == {"kind": "completed"} and as_json[2]["live"] is False
+    assert stop(proc) == 130
+
+
+def test_session_dir_needs_an_existing_parent(tmp_path: Path) -> None:
+    deep = tmp_path / "missing" / "deep" / "dir"
+    result = andon(
+        "run", "--model", done_script(tmp_path), "--session", str(deep), "hi", cwd=tmp_path,
+        environ=home_env(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "does not exist" in result.stderr
+    assert not (tmp_path / "missing").exists()
+    assert result.stdout == ""
+
+
+# --- 5. bounds on numeric settings ----------------------------------------------------------------
+
+BAD_NUMBERS = {
+    "grace negative, read as a value": (["--grace", "-1,2"], "grace"),
+    "grace infinite": (["--grace", "1,inf"], "grace"),
+    "grace above the maximum": (["--grace", "2,3601"], "3600"),
+    "grace nan": (["--grace", "nan,1"], "grace"),
+    "workers zero": (["--workers", "0"], "workers"),
+    "workers negative, read as a value": (["--workers", "-3"], "workers"),
+    "workers above 4 per cpu": (["--workers", str(4 * (os.cpu_count() or 1) + 1)], "per CPU"),
+    "tool timeout infinite": (["--tool-timeout", "inf"], "tool-timeout"),
+    "tool timeout zero": (["--tool-timeout", "0"], "tool-timeout"),
+    "turn budget infinite": (["--turn-budget", "inf"], "turn-budget"),
+    "turn budget negative": (["--turn-budget", "-5"], "turn-budget"),
+    "max steps zero": (["--max-steps", "0"], "max-steps"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_NUMBERS))
+def test_numeric_settings_out_of_bounds_are_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    flags, word = BAD_NUMBERS[case]
+    model = done_script(tmp_path)
+    result = andon("run", "--model", model, *flags, "hi", cwd=tmp_path, environ=home_env(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert word in result.stderr and "expected one argument" not in result.stderr
+    assert result.stdout == "" and not (tmp_path / "home").exists()  # refused before any session
+
+
+def test_numeric_bounds_apply_to_andon_toml_and_env_too(tmp_path: Path) -> None:
+    environ = home_env(tmp_path, ANDON_GRACE="1,inf")
+    result = andon("run", "--model", done_script(tmp_path), "hi", cwd=tmp_path, environ=environ)
+    assert result.returncode == 2 and "ANDON_GRACE" in result.stderr, result.stderr
+    (tmp_path / "andon.toml").write_text("workers = 100000\n")
+    result = andon("run", "--model", done_script(tmp_path), "hi", cwd=tmp_path,
+                   environ=home_env(tmp_path))  # fmt: skip
+    assert result.returncode == 2 and "andon.toml" in result.stderr, result.stderr
