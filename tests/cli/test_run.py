@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +33,6 @@ from tests.cli.support import (
     script,
     start,
 )
-
-
-@pytest.fixture
-def killer() -> Iterator[list[subprocess.Popen[str]]]:
-    """Started runs are SIGKILLed (with their session) if a test fails half-way."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
 
 
 def test_completed_run_exits_0_with_the_transcript(tmp_path: Path) -> None:

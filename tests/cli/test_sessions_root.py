@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +41,7 @@ def andon(
     )
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Started runs are SIGKILLed (with their process group) when the test ends."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
-
-
-def start_long(tmp_path: Path, session: Path, procs: list[Any]) -> subprocess.Popen[str]:
+def start_long(tmp_path: Path, session: Path, killer: list[Any]) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [
             ANDON,
@@ -75,7 +63,7 @@ def start_long(tmp_path: Path, session: Path, procs: list[Any]) -> subprocess.Po
         text=True,
         start_new_session=True,
     )
-    procs.append(proc)
+    killer.append(proc)
     read_until(proc, is_tool_output)  # the long bash tool is running: the session is live
     return proc
 
@@ -90,10 +78,10 @@ def stop(proc: subprocess.Popen[str]) -> int:
 
 
 def test_check_of_a_live_session_says_live_naming_the_pid_and_exits_2(
-    tmp_path: Path, procs: list[Any]
+    tmp_path: Path, killer: list[Any]
 ) -> None:
     session = tmp_path / "s"
-    proc = start_long(tmp_path, session, procs)
+    proc = start_long(tmp_path, session, killer)
     result = andon("check", str(session), cwd=tmp_path, environ=home_env(tmp_path))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "is live" in result.stderr and f"process {proc.pid}" in result.stderr
@@ -261,7 +249,7 @@ def test_resume_takes_a_session_id_or_a_path(tmp_path: Path) -> None:
 
 
 def test_sessions_lists_newest_first_with_how_each_ended_and_whether_live(
-    tmp_path: Path, procs: list[Any]
+    tmp_path: Path, killer: list[Any]
 ) -> None:
     environ = home_env(tmp_path)
     empty = andon("sessions", cwd=tmp_path, environ=environ)
@@ -272,7 +260,7 @@ def test_sessions_lists_newest_first_with_how_each_ended_and_whether_live(
     maxed = script(tmp_path / "max.json", [{"text": "cut sho", "finish": "length"}])
     cut = announced(andon("run", "--model", maxed, "novel", cwd=tmp_path, environ=environ))
     live_dir = tmp_path / "home" / "sessions" / "s-aaaaaaaaaaaa"
-    proc = start_long(tmp_path, live_dir, procs)  # newest
+    proc = start_long(tmp_path, live_dir, killer)  # newest
     listed = andon("sessions", cwd=tmp_path, environ=environ)
     assert listed.returncode == 0, listed.stderr
     rows = listed.stdout.splitlines()

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +32,6 @@ FLOOD = "seq 1 2000000"
 FILL = "seq 1 30000"
 # Printed by andon when the run is over and stdout still has lines to take.
 EXIT_WAIT = "stdout is not being read: waiting"
-
-
-@pytest.fixture
-def killer() -> Iterator[list[subprocess.Popen[str]]]:
-    """Started runs are SIGKILLed (their whole session) if a test fails half-way."""
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()  # closes the pipes too
 
 
 def stderr_until(proc: subprocess.Popen[str], text: str) -> list[str]:
