@@ -417,3 +417,18 @@ def test_sigint_to_one_run_leaves_another_runs_same_call_id_running(
     assert "finished normally" in result["content"]
     assert_balanced(tmp_path / "mine")
     assert_balanced(tmp_path / "theirs")
+
+
+def test_log_shows_the_head_and_the_tail_of_a_long_output(tmp_path: Path) -> None:
+    command = "for i in $(seq 1 40); do echo line-$i; done; echo 'error: the build failed'; exit 1"
+    model = script(
+        tmp_path / "s.json",
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}, {"text": "red"}],
+    )
+    session = tmp_path / "s"
+    done = run("run", "--session", str(session), "--model", model, "go", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run("log", str(session), cwd=tmp_path).stdout
+    assert "| line-1\n" in shown and "| line-4\n" in shown and "| line-5\n" not in shown
+    assert "| … 30 lines omitted …" in shown  # 41 lines and a status line: 4 + 30 + 8
+    assert "| error: the build failed" in shown and "| [exit code 1]" in shown

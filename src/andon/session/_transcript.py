@@ -33,7 +33,8 @@ from andon.session._values import describe_reason
 
 __all__ = ["render_transcript"]
 
-OUTPUT_LINES = 8
+OUTPUT_HEAD = 4
+OUTPUT_TAIL = 8  # a build's error is at its end: the tail is what a reader needs most
 _STOPPING = frozenset(
     (
         "interrupt",
@@ -221,10 +222,13 @@ class _Render:
             line += f" · {data.error.code}: {data.error.message}"
         self.add(line + repair)
         out = data.content.splitlines()
-        for text in out[:OUTPUT_LINES]:
+        shown = out
+        if len(out) > OUTPUT_HEAD + OUTPUT_TAIL + 1:  # eliding a single line would save nothing
+            omitted = len(out) - OUTPUT_HEAD - OUTPUT_TAIL
+            marker = f"… {_plural(omitted, 'line')} omitted …"
+            shown = [*out[:OUTPUT_HEAD], marker, *out[-OUTPUT_TAIL:]]
+        for text in shown:
             self.add(f"      | {text}")
-        if len(out) > OUTPUT_LINES:
-            self.add(f"      | … {_plural(len(out) - OUTPUT_LINES, 'more line')}")
         if data.output_file is not None:
             size = f" ({data.output_bytes} bytes)" if data.output_bytes is not None else ""
             self.add(f"      full output: {data.output_file}{size}")
