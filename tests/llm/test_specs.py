@@ -181,3 +181,37 @@ def test_bad_adapter_settings_are_config_errors() -> None:
         OpenAICompatible("http://127.0.0.1:8000/v1", " ", api_key_env=None)
     with pytest.raises(ConfigError, match="max_retries"):
         OpenAICompatible("http://127.0.0.1:8000/v1", "m", api_key_env=None, max_retries=-1)
+
+
+def test_thinking_is_refused_for_a_script(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps([{"text": "hi"}]))
+    with pytest.raises(ConfigError, match="DeepSeek models only"):
+        from_spec(f"script:{path}", thinking=True)
+    assert from_spec(f"script:{path}").info.provider == "script"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("bad.yaml", 'replies:\n  - text: "ok\n   bad: [\n', "bad.yaml:4:1"),
+        ("bad.json", '{"replies": [\n  {"text": }\n]}', "bad.json:2:12"),
+    ],
+)
+def test_a_script_that_does_not_parse_is_one_line_naming_file_and_line(
+    tmp_path: Path, name: str, text: str, where: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ScriptInvalid) as caught:
+        from_spec(f"script:{path}")
+    message = str(caught.value)
+    assert where in message and "\n" not in message and "<unicode string>" not in message
+
+
+@pytest.mark.parametrize("name", ["deep.yaml", "deep.json"])
+def test_a_script_nested_5000_deep_is_a_clear_error(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(ScriptInvalid, match="nests too deeply"):
+        from_spec(f"script:{path}")

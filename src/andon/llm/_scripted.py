@@ -112,7 +112,13 @@ class Scripted:
         try:
             data = json.loads(text) if file.suffix.lower() == ".json" else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as exc:  # json.JSONDecodeError is a ValueError
-            raise ScriptInvalid(f"cannot parse {name}: {exc}", index=None, field=None) from exc
+            raise ScriptInvalid(
+                f"cannot parse {_where(name, exc)}: {_problem(exc)}", index=None, field=None
+            ) from None
+        except RecursionError:  # nesting deeper than the parser's stack: a bad file, not a bug
+            raise ScriptInvalid(
+                f"cannot parse {name}: it nests too deeply", index=None, field=None
+            ) from None
         if isinstance(data, Mapping):
             for key in data:
                 if key != "replies":
@@ -206,3 +212,25 @@ class Scripted:
         if stall is not None:
             # No polling: wake exactly when the signal fires, like a silent socket being closed.
             raise Aborted(await signal.wait())
+
+
+def _where(name: str, exc: BaseException) -> str:
+    """``file:line:column`` of a parse error, where the parser says (YAML marks, JSON's lineno)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        return f"{name}:{mark.line + 1}:{mark.column + 1}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{name}:{exc.lineno}:{exc.colno}"
+    return name
+
+
+def _problem(exc: BaseException) -> str:
+    """The parser's own words for what is wrong, on one line (a YAML error's text is several
+    lines naming ``<unicode string>``, which means nothing to the user)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        parts = [p for p in (exc.context, exc.problem) if p]
+        if parts:
+            return "; ".join(parts)
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    return " ".join(str(exc).split())

@@ -124,6 +124,10 @@ def from_spec(spec: str, *, thinking: bool | None = None, **options: Any) -> Mod
         raise TypeError(f"from_spec() got unknown option(s): {', '.join(sorted(unknown))}")
     parsed = _parse(spec)
     if isinstance(parsed, str):
+        if thinking is not None:  # a script has no thinking mode: saying so beats ignoring it
+            raise ConfigError(
+                f"thinking on/off applies to DeepSeek models only, not to {spec!r}; leave it unset"
+            )
         script_options = {k: v for k, v in options.items() if k in _SCRIPT_OPTIONS}
         return Scripted.from_file(parsed, **script_options)
     if thinking is not None and parsed.provider != DEEPSEEK:
