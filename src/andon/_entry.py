@@ -18,17 +18,22 @@ import os
 import signal
 import sys
 
-from andon._cli_signals import install_early, stopped_in
+from andon._cli_signals import LEDGER, install_early, stopped_in
 
 install_early()
 
 
 def main() -> int:
     try:
-        from andon.cli import main as cli_main
+        try:
+            from andon.cli import main as cli_main
 
-        code = cli_main()
-    except BaseException as e:  # a signal during the import of the command itself
+            code = cli_main()
+        finally:
+            LEDGER.early = False  # on the way out a signal is only recorded: the code is decided
+    except BaseException as e:
+        # A signal before anything started (while the command is imported, or its arguments,
+        # settings and model are read): no process, no session folder.
         stop = stopped_in(e)
         if stop is None:
             raise

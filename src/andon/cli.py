@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -113,24 +112,9 @@ def _job_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from andon._cli_signals import LEDGER, install_early, stopped_in
-
-    install_early()  # the first instruction: a signal at any later moment is a clean stop
-    try:
-        return _main(argv)
-    except BaseException as e:
-        stop = stopped_in(e)
-        if stop is None:
-            raise
-        # Nothing had started (no process, no session folder): say so, exit as the signal says.
-        name = signal.Signals(stop.signum).name
-        print(f"andon: {name}: stopped before anything started", file=sys.stderr)
-        return 128 + stop.signum
-    finally:
-        LEDGER.early = False  # on the way out a signal is only recorded: the code is decided
-
-
-def _main(argv: Sequence[str] | None) -> int:
+    """The ``andon`` command. Its entry point (``andon._entry``) handles signals from before this
+    module is imported, turns a signal that arrives before anything started into its exit code,
+    and leaves the process."""
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
