@@ -151,6 +151,7 @@ class _Call:
     arguments: str
     parallel_safe: bool
     written: bool = False  # tool/call is in the log
+    dispatched: bool = False  # handed to the executor (or a supervisor tool): it has a task
     committed: bool = False  # tool/result is in the log (exactly once, on every path)
     outcome: ToolOutcome | None = None
 
@@ -395,7 +396,6 @@ class _Scheduler:
         self.t = turn
         self.calls = calls
         self.next = 0  # the first call whose tool/result is not written yet
-        self.dispatched: set[str] = set()  # call ids handed to the executor (or a supervisor tool)
         self.internal = AbortController()
         self.finished = asyncio.Event()  # some call's outcome has arrived
         self.internal_result: ToolOutcome | None = None  # the first call andon itself failed
@@ -441,7 +441,7 @@ class _Scheduler:
                         break  # no further call starts
                     outcome = await self._start(call, signal)
                     if outcome is None:
-                        self.dispatched.add(call.call_id)
+                        call.dispatched = True
                         running.create_task(self._run_one(call, signal, slots))
                     else:
                         call.outcome = outcome
@@ -449,7 +449,7 @@ class _Scheduler:
                     await self._commit_ready()
                 while True:
                     await self._commit_ready()
-                    if not any(self._running(c) for c in batch):
+                    if not any(c.dispatched and c.outcome is None for c in batch):
                         break
                     # No await between the check above and the wait: an outcome that arrives
                     # sets the event after this clear.
@@ -460,9 +460,6 @@ class _Scheduler:
                 if not self.t.signal.aborted:
                     self.internal.abort(Hook("internal error in the tool scheduler"))
         return failure
-
-    def _running(self, call: _Call) -> bool:
-        return call.call_id in self.dispatched and call.outcome is None
 
     async def _run_one(self, call: _Call, signal: AbortSignal, slots: asyncio.Semaphore) -> None:
         try:
