@@ -57,11 +57,18 @@ def run(
     )
 
 
-def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
+def start(
+    *args: str,
+    cwd: Path,
+    environ: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.Popen[str]:
+    """``andon ARGS`` in a session of its own (so a test may signal its whole group)."""
     return subprocess.Popen(
         [ANDON, *args],
         cwd=cwd,
-        env=env(),
+        env=environ or env(),
+        preexec_fn=preexec_fn,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

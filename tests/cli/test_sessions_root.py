@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.support import ANDON, env, is_tool_output, long_script, read_until, script
+from tests.cli.support import ANDON, env, is_tool_output, long_script, read_until, script, start
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,26 +42,11 @@ def andon(
 
 
 def start_long(tmp_path: Path, session: Path, killer: list[Any]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [
-            ANDON,
-            "run",
-            "--json",
-            "--grace",
-            "1,1",
-            "--model",
-            long_script(tmp_path),
-            "--session",
-            str(session),
-            "build",
-        ],
+    proc = start(
+        *("run", "--json", "--grace", "1,1", "--model", long_script(tmp_path)),
+        *("--session", str(session), "build"),
         cwd=tmp_path,
-        env=home_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
+        environ=home_env(tmp_path),
     )
     killer.append(proc)
     read_until(proc, is_tool_output)  # the long bash tool is running: the session is live

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from andon.base import procs
-from tests.cli.support import ANDON, LONG, env, run, script
+from tests.cli.support import LONG, env, run, script, start
 from tests.support import alive_after
 
 SEED = 20261203
@@ -116,16 +116,7 @@ def _one(case: Case, root: Path) -> Ran:
     tag = f"ANDON_SIGNAL_CASE={secrets.token_hex(8)}"
     name, _, value = tag.partition("=")
     args = ["run", "--json", "--grace", "1,1", "--session", str(session), "--model", model]
-    proc = subprocess.Popen(
-        [ANDON, *args, "go"],
-        cwd=folder,
-        env=env(**{name: value}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start(*args, "go", cwd=folder, environ=env(**{name: value}))
     out, err = _Lines(proc.stdout), _Lines(proc.stderr)
     sent = False
     try:
@@ -207,26 +198,10 @@ def _start_ignoring(folder: Path, model: str, ignored: int) -> subprocess.Popen[
     def ignore() -> None:  # runs in the child before exec: the disposition andon starts with
         signal.signal(ignored, signal.SIG_IGN)
 
-    return subprocess.Popen(
-        [
-            ANDON,
-            "run",
-            "--json",
-            "--grace",
-            "1,1",
-            "--session",
-            str(folder / "s"),
-            "--model",
-            model,
-            "go",
-        ],
+    return start(
+        *("run", "--json", "--grace", "1,1", "--session", str(folder / "s")),
+        *("--model", model, "go"),
         cwd=folder,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
         preexec_fn=ignore,
     )
 
@@ -285,26 +260,10 @@ def test_sigterm_after_a_tool_killed_its_worker_still_stops_in_bounds(tmp_path: 
             {"text": "ok"},
         ],
     )
-    proc = subprocess.Popen(
-        [
-            ANDON,
-            "run",
-            "--json",
-            "--grace",
-            "1,1",
-            "--session",
-            str(tmp_path / "s"),
-            "--model",
-            model,
-            "go",
-        ],
+    proc = start(
+        *("run", "--json", "--grace", "1,1", "--session", str(tmp_path / "s")),
+        *("--model", model, "go"),
         cwd=tmp_path,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
     )
     try:
         assert proc.stdout is not None
