@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ from andon.session import (
     history,
     read,
 )
-from andon.supervisor import Agent, WorkerPoolConfig
+from andon.supervisor import Agent, ToolExecutor, WorkerPool, WorkerPoolConfig
 from andon.workers import ToolRegistry
 from tests.workers.pytools import registry as test_registry
 
@@ -137,21 +138,49 @@ def parked_session(
     """A log as a process that died with queued work leaves it: a session whose inbox holds these
     messages (disposal would have cleared them; only a crash leaves work parked)."""
     log = SessionLog.open(folder)
-    log.append(
-        SessionStart(
-            FORMAT_VERSION,
-            session_id(),
-            andon.__version__,
-            0.0,
-            str(folder),
-            ModelInfo("script:inline", "script", "scripted"),
-            "p",
-            0,
-            "h",
-        )
-    )
+    log.append(start_record(folder))
     for target, texts in (("next-turn", next_turn), ("next-step", next_step)):
         for n, text in enumerate(texts):
             message = UserMessage(message_id(), text, "user" if target == "next-turn" else "inject")
             log.append(InboxSpliced(target=target, start=n, inserted=(message,)))  # type: ignore[arg-type]
     log.close()
+
+
+def start_record(folder: Path) -> SessionStart:
+    """A ``session/start`` for a log a test writes itself."""
+    return SessionStart(
+        FORMAT_VERSION,
+        session_id(),
+        andon.__version__,
+        0.0,
+        str(folder),
+        ModelInfo("script:inline", "script", "scripted"),
+        "p",
+        os.getpid(),
+        "h",
+    )
+
+
+@asynccontextmanager
+async def agent_on(
+    log: SessionLog, model: Scripted, folder: Path, **options: Any
+) -> AsyncIterator[Agent]:
+    """An ``Agent`` built directly on a log the test opened (with a seam of its own: a write or
+    fsync function), one real worker, and a task group that ends with the block."""
+    tools = test_registry()
+    first = log.append(start_record(folder))
+    async with (
+        WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools) as pool,
+        asyncio.TaskGroup() as tasks,
+    ):
+        yield Agent(
+            log=log,
+            model=model,
+            executor=ToolExecutor(pool, tools, session_dir=folder),
+            registry=tools,
+            records=[first],
+            system_prompt="p",
+            cwd=str(folder),
+            tasks=tasks,
+            **options,
+        )

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
-import andon
 from andon.base import ConfigError, ModelError, User
 from andon.llm import Scripted
-from andon.session import FORMAT_VERSION, ModelInfo, SessionLog, SessionStart, fold_state, read
+from andon.session import SessionLog, fold_state, read
 from andon.supervisor import (
     Agent,
     Deny,
@@ -25,14 +24,10 @@ from andon.supervisor import (
     PreTool,
     Retry,
     ToolCallInfo,
-    ToolExecutor,
     TurnStopping,
-    WorkerPool,
-    WorkerPoolConfig,
 )
 from andon.supervisor._outcome import ToolOutcome
-from tests.agent.support import Watcher, agent_for, assert_sound, records, turn_ends
-from tests.workers.pytools import registry
+from tests.agent.support import Watcher, agent_for, agent_on, assert_sound, records, turn_ends
 
 
 def entered(folder: Path) -> list[str]:
@@ -84,20 +79,6 @@ class GatedSync:
         os.fsync(fd)
 
 
-def session_start(folder: Path) -> SessionStart:
-    return SessionStart(
-        FORMAT_VERSION,
-        "s-0000000000aa",
-        andon.__version__,
-        0.0,
-        str(folder),
-        ModelInfo("script:inline", "script", "scripted"),
-        "p",
-        os.getpid(),
-        "h",
-    )
-
-
 async def test_a_steer_during_the_turn_end_barrier_runs(tmp_path: Path) -> None:
     gate = GatedSync(asyncio.get_running_loop())
 
@@ -105,26 +86,10 @@ async def test_a_steer_during_the_turn_end_barrier_runs(tmp_path: Path) -> None:
         # The next sync after the turn-stopping hooks is the one that makes turn/end durable.
         gate.armed = turn == 1
 
-    tools = registry()
     log = SessionLog.open(tmp_path, fsync=gate)
-    first = log.append(session_start(tmp_path))
     model = Scripted([{"text": "one"}, {"text": "two"}])
     try:
-        async with (
-            WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools) as pool,
-            asyncio.TaskGroup() as tasks,
-        ):
-            agent = Agent(
-                log=log,
-                model=model,
-                executor=ToolExecutor(pool, tools, session_dir=tmp_path),
-                registry=tools,
-                records=[first],
-                system_prompt="p",
-                cwd=str(tmp_path),
-                tasks=tasks,
-                hooks=[TurnStopping(arm)],
-            )
+        async with agent_on(log, model, tmp_path, hooks=[TurnStopping(arm)]) as agent:
             agent.followup("first")
             await gate.holding.wait()  # turn/end 1 is written, not yet durable
             assert records(tmp_path)[-1]["type"] == "turn/end"

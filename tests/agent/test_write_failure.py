@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 from pathlib import Path
@@ -11,10 +10,8 @@ import pytest
 
 from andon.base import LogWriteFailed, User
 from andon.llm import Scripted
-from andon.session import FORMAT_VERSION, ModelInfo, SessionLog, SessionStart, load
-from andon.supervisor import Agent, ToolExecutor, WorkerPool, WorkerPoolConfig
-from tests.agent.support import Watcher, records
-from tests.workers.pytools import registry
+from andon.session import SessionLog, load
+from tests.agent.support import Watcher, agent_on, records
 
 
 class DiskFills:
@@ -31,21 +28,7 @@ class DiskFills:
 
 async def test_a_failed_append_stops_the_turn_and_every_later_send(tmp_path: Path) -> None:
     disk = DiskFills()
-    tools = registry()
     log = SessionLog.open(tmp_path, write=disk)
-    first = log.append(
-        SessionStart(
-            FORMAT_VERSION,
-            "s-000000000001",
-            "0.1.0",
-            0.0,
-            str(tmp_path),
-            ModelInfo("script:inline", "script", "scripted"),
-            "p",
-            os.getpid(),
-            "h",
-        )
-    )
     model = Scripted(
         [
             {
@@ -55,20 +38,7 @@ async def test_a_failed_append_stops_the_turn_and_every_later_send(tmp_path: Pat
             }
         ]
     )
-    async with (
-        WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools) as pool,
-        asyncio.TaskGroup() as tasks,
-    ):
-        agent = Agent(
-            log=log,
-            model=model,
-            executor=ToolExecutor(pool, tools, session_dir=tmp_path),
-            registry=tools,
-            records=[first],
-            system_prompt="p",
-            cwd=str(tmp_path),
-            tasks=tasks,
-        )
+    async with agent_on(log, model, tmp_path) as agent:
         watcher = Watcher(agent)
         agent.followup("go")
         await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
