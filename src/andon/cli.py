@@ -395,7 +395,14 @@ def _session_summary(folder: Path) -> dict[str, Any]:
 
 
 def _sessions(root: Path, *, as_json: bool) -> int:
-    folders = [p for p in root.iterdir() if (p / "events.jsonl").is_file()] if root.is_dir() else []
+    from andon.session import is_temporary
+
+    # A hidden ``.<id>.new-…`` folder is a session its creator never finished opening.
+    folders = [
+        p
+        for p in (root.iterdir() if root.is_dir() else ())
+        if not is_temporary(p.name) and (p / "events.jsonl").is_file()
+    ]
     entries = sorted(
         (_session_summary(p) for p in folders), key=lambda e: e["started"] or 0, reverse=True
     )

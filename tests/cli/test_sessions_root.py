@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import secrets
 import signal
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from andon.base import procs
 from tests.cli.support import ANDON, env, is_tool_output, long_script, read_until, script, start
+from tests.support import alive_after
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -312,3 +318,52 @@ def test_numeric_bounds_apply_to_andon_toml_and_env_too(tmp_path: Path) -> None:
     result = andon("run", "--model", done_script(tmp_path), "hi", cwd=tmp_path,
                    environ=home_env(tmp_path))  # fmt: skip
     assert result.returncode == 2 and "andon.toml" in result.stderr, result.stderr
+
+
+# --- 6. a kill at any moment of the start-up ------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_a_sigkill_at_any_moment_of_the_start_leaves_no_session_or_one_resume_accepts(
+    tmp_path: Path,
+) -> None:
+    """A CI runner's SIGKILL lands at seeded moments from exec to the first tool call. Under the
+    sessions root there is then either nothing, or a session whose log ``resume`` continues: a
+    folder appears only with its first record synced."""
+    environ = home_env(tmp_path)
+    model = one_tool_script(tmp_path, "sleep 5")
+    rng = random.Random(20261203)
+    delays = sorted(rng.uniform(0.0, 1.5) for _ in range(16))
+
+    def one(delay: float) -> list[Any]:
+        tag = secrets.token_hex(8)
+        proc = start(
+            "run", "--json", "--model", model, "build", cwd=tmp_path,
+            environ={**environ, "ANDON_KILL_CASE": tag},
+        )  # fmt: skip
+        try:
+            time.sleep(delay)  # sleep-ok: the kill's moment is the thing under test
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # The workers see their supervisor die and end their calls' processes.
+        return alive_after(procs.tagged(f"ANDON_KILL_CASE={tag}".encode()), timeout=10.0)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        left = [p for found in pool.map(one, delays) for p in found]
+    assert left == []
+    root = tmp_path / "home" / "sessions"
+    named = [p for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
+    resumed = script(tmp_path / "resumed.json", [{"text": "Resumed."}])
+    for session in named:
+        assert (session / "events.jsonl").is_file(), f"{session.name}: a folder without a log"
+        again = andon("resume", "--model", resumed, session.name, "go on", cwd=tmp_path,
+                      environ=environ)  # fmt: skip
+        assert again.returncode == 0, f"{session.name}: {again.stderr}"
+    listed = andon("sessions", "--json", cwd=tmp_path, environ=environ)
+    assert listed.returncode == 0
+    ids = {json.loads(line)["session_id"] for line in listed.stdout.splitlines()}
+    assert ids == {p.name for p in named}  # hidden leftovers of a kill are never listed

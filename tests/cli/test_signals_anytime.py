@@ -189,7 +189,7 @@ def test_a_signal_at_any_moment_is_a_clean_stop(tmp_path: Path) -> None:
             check = run("check", str(r.session), cwd=tmp_path)
             if check.returncode != 0:
                 problems.append(f"{where}: check: {check.stdout}{check.stderr}")
-        elif r.session.exists() and any(r.session.iterdir()):
+        elif r.session.exists():  # a folder appears only with its first record synced
             problems.append(f"{where}: a session folder without a log: {list(r.session.iterdir())}")
     assert not problems, "\n".join(problems)
 

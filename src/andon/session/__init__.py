@@ -22,6 +22,7 @@ Imports only ``andon.base`` (whose ``procs`` finds a crashed call's leftover pro
 """
 
 from andon.session._check import InvariantViolation, check
+from andon.session._create import is_temporary
 from andon.session._folds import (
     ConsumedWork,
     SessionState,
@@ -158,6 +159,7 @@ __all__ = [
     "fold_consumed_work",
     "fold_state",
     "history",
+    "is_temporary",
     "iter_records",
     "kill_in_flight",
     "live_holder",

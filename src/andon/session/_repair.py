@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from andon.base import Clock, SessionError, SystemClock
+from andon.session._create import is_temporary
 from andon.session._leftovers import Leftover, kill_leftovers, plan_for
 from andon.session._lock import SessionLock
 from andon.session._reader import RecordStream, TornTail, log_path
@@ -283,7 +284,7 @@ def repair_children(folder: Path, *, clock: Clock | None = None) -> None:
     if not children.is_dir():
         return
     for child in sorted(children.iterdir()):
-        if log_path(child).is_file():
+        if not is_temporary(child.name) and log_path(child).is_file():
             load(child, clock=clock)
 
 

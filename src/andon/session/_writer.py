@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Literal, TypeAlias
 
 from andon.base import Clock, ErrorCode, LogWriteFailed, SessionError, SystemClock
+from andon.session._create import make_temporary, publish, remove_temporary
 from andon.session._lock import SessionLock
 from andon.session._reader import LOG_NAME
 from andon.session._records import EventData, Record, SessionStart, Unrecognized, encode_line
@@ -206,9 +207,14 @@ class SessionLog:
         fsync: FsyncFn,
         loaded: LoadedSession,
         probe: ProbeFn | None = None,
+        unpublished: Path | None = None,
     ) -> None:
         self.session_dir = folder
         self.path = folder / LOG_NAME
+        # A new session is written in a hidden temporary folder until its first barrier
+        # (andon.session._create); ``_where`` is where the log is now.
+        self._unpublished = unpublished
+        self._where = (unpublished or folder) / LOG_NAME
         self.durability: Durability = durability
         self.loaded = loaded
         self._lock = lock
@@ -242,19 +248,27 @@ class SessionLog:
         its last process died, under this same lock (nobody can slip in between); what was there
         is in :attr:`loaded`. Raises ``SessionLive`` if another process holds the lock, and
         ``LogCorrupted`` / ``LogFormatUnsupported`` for a log that cannot be continued.
+
+        A folder that does not exist yet is built under a hidden temporary name and appears under
+        its own name when the first append returns, with that record synced (so a crash before
+        that leaves no session, never a folder without a log); closed before, nothing is left.
         """
         if durability not in _DURABILITIES:
             raise ValueError(f"durability must be one of {', '.join(_DURABILITIES)}")
         clock = clock or SystemClock()
         folder = Path(session_dir)
+        unpublished: Path | None = None
         if not folder.exists():
             folder.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                folder.mkdir(mode=0o700)
-                os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
-        lock = SessionLock.acquire(folder)
+            unpublished = make_temporary(folder)
         try:
-            path = folder / LOG_NAME
+            lock = SessionLock.acquire(unpublished or folder)
+        except BaseException:
+            if unpublished is not None:
+                remove_temporary(unpublished)
+            raise
+        try:
+            path = (unpublished or folder) / LOG_NAME
             if path.exists() and path.stat().st_size > 0:
                 repair_children(folder, clock=clock)  # subagents' logs close first
                 outcome = repair_locked(folder, clock=clock, dry_run=False, keep_events=True)
@@ -271,7 +285,8 @@ class SessionLog:
                     os.fchmod(fd, 0o600)
                 if created and durability != "none":
                     # The new name must survive a machine crash too, not only its contents.
-                    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    where = unpublished or folder
+                    dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                     try:
                         fsync(dir_fd)
                     finally:
@@ -290,12 +305,15 @@ class SessionLog:
                     fsync=fsync,
                     loaded=loaded,
                     probe=probe,
+                    unpublished=unpublished,
                 )
             except BaseException:
                 os.close(fd)
                 raise
         except BaseException:
             lock.release()
+            if unpublished is not None:
+                remove_temporary(unpublished)
             raise
 
     # --- state ------------------------------------------------------------------------------
@@ -371,6 +389,8 @@ class SessionLog:
                 # failure handling) short: mend it now, so that no partial line outlives append
                 # even if nothing follows. A second interrupt in here is mended by the next call.
                 self._settle()
+            if self._unpublished is not None:
+                self._publish(self._unpublished)
             return record
 
     def _append_record(self, record: Record, line: bytes, *, sync: bool) -> None:
@@ -494,6 +514,14 @@ class SessionLog:
     def _refusal(self) -> LogWriteFailed:
         exc = self._failure
         assert exc is not None
+        if self._gone == "taken":
+            return LogWriteFailed(
+                f"the session folder {self.session_dir} appeared while this run was creating it "
+                "(another andon with the same --session?); this run's log stays unnamed in "
+                f"{self._where.parent}",
+                session=str(self.session_dir),
+                errno=exc.errno,
+            )
         if self._gone is not None:
             return LogWriteFailed(
                 f"the session log {self.path} was {self._gone} while the session ran (a tool's "
@@ -527,14 +555,34 @@ class SessionLog:
         if self._closed:
             return
         self._check_file()
-        if self.durability != "barrier":
+        if self.durability == "barrier":
+            try:
+                await self._syncer.wait(self._mark.lines)
+            except OSError as exc:
+                with self._mutex:
+                    self._fail(exc)
+                raise self._refusal() from exc
+        if self._unpublished is not None:  # an interrupt cut the first append's publish short
+            with self._mutex:
+                self._publish(self._unpublished)
+
+    def _publish(self, work: Path) -> None:
+        """Give a new session its name once its first record is durable (synced here, once per
+        session, before the rename: the name must never survive a machine crash without it)."""
+        if self._mark.lines == 0:
             return
         try:
-            await self._syncer.wait(self._mark.lines)
+            if self.durability == "barrier":  # "every-record" has synced it already
+                self._fsync(self._fd)
+            publish(work, self.session_dir, sync=self.durability != "none")
         except OSError as exc:
+            if isinstance(exc, FileExistsError):
+                self._gone = "taken"
             with self._mutex:
                 self._fail(exc)
             raise self._refusal() from exc
+        self._unpublished = None
+        self._where = self.path
 
     def _check_file(self) -> None:
         """Fail (``LogWriteFailed``) if the log was deleted or replaced under this writer: the
@@ -544,7 +592,7 @@ class SessionLog:
         try:
             mine = os.fstat(self._fd)
             try:
-                named = os.stat(self.path)
+                named = os.stat(self._where)
             except FileNotFoundError:
                 gone: str | None = "deleted"  # or moved away, or its folder removed
             else:
@@ -583,11 +631,18 @@ class SessionLog:
                 except OSError as exc:
                     error = exc
                     self._failure = exc
+            if self._unpublished is not None and self._mark.lines > 0:
+                # An interrupt cut the first append's publish short: the log still gets its name.
+                with contextlib.suppress(OSError):
+                    publish(self._unpublished, self.session_dir, sync=self.durability != "none")
+                    self._unpublished = None
         finally:
             try:
                 os.close(self._fd)
             finally:
                 self._lock.release()
+                if self._unpublished is not None and self._mark.lines == 0:
+                    remove_temporary(self._unpublished)  # never written: leave nothing
         if error is not None:
             raise self._refusal() from error
 
