@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -124,17 +125,65 @@ ENV_VARS: Final = {name: f"ANDON_{name.upper()}" for name in _PARSERS}
 """setting -> environment variable (``ANDON_MODEL``, ``ANDON_GRACE`` ...)."""
 
 
-def _from_toml(folder: Path) -> dict[str, str]:
-    path = folder / TOML_FILE
-    if not path.is_file():
-        return {}
+MAX_TOML_BYTES: Final = 1 << 20
+"""The largest ``andon.toml`` read: a settings file is a few lines; anything bigger is a mistake."""
+
+
+def _toml_bytes(path: Path) -> bytes | None:
+    """The bytes of ``path``, or None if there is no such file.
+
+    Opened non-blocking and checked with ``fstat`` before reading, so a FIFO or a device that
+    happens to be called andon.toml is refused instead of hanging (or never ending) the read.
+    """
     try:
-        with path.open("rb") as f:
-            table = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{path}: is a folder, not a settings file")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{path}: is not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_TOML_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOML_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_TOML_BYTES} bytes; not a settings file")
+    return data
+
+
+def _toml_table(path: Path, data: bytes) -> dict[str, Any]:
+    """Parse the file's bytes; every way it can be wrong is one ``ConfigError`` line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:  # its message ends "(at line L, column C)"
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
+    except ValueError as e:  # an integer beyond Python's digit limit (its advice is for coders)
+        reason = str(e).split(";")[0]
+        raise ConfigError(f"{path}: not valid TOML: a number it cannot read ({reason})") from None
+
+
+def _from_toml(folder: Path) -> dict[str, str]:
+    path = folder / TOML_FILE
+    data = _toml_bytes(path)
+    if data is None:
+        return {}
+    table = _toml_table(path, data)
     out: dict[str, str] = {}
     for key, value in table.items():
         name = key.replace("-", "_")

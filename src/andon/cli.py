@@ -317,6 +317,16 @@ def _read_stdin() -> str:
 
 
 def _log(folder: Path, *, as_json: bool) -> int:
+    try:
+        return _print_log(folder, as_json=as_json)
+    except (LogCorrupted, LogFormatUnsupported) as e:
+        # Like check: a log that cannot be read is the user's input error (exit 2), not a failure.
+        sys.stdout.flush()
+        print(f"andon: cannot read the log: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _print_log(folder: Path, *, as_json: bool) -> int:
     from andon.session import iter_records, read, render_transcript
 
     if as_json:

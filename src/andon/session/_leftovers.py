@@ -35,6 +35,7 @@ from andon.base import call_tag, procs
 from andon.base.procs import CallIdentity, ProcessKey, ProcInfo
 from andon.session._records import ToolStarted
 from andon.session._tail import Tail
+from andon.session._values import MAX_SECONDS, is_pid
 
 __all__ = [
     "Leftover",
@@ -137,12 +138,20 @@ def find_leftovers(calls: Iterable[StartedCall], *, host: str | None = None) -> 
     return LeftoverPlan(tuple(leftovers), tuple(plans))
 
 
+def _plausible(s: ToolStarted) -> bool:
+    """Whether the leader's recorded identity is one a kernel could have reported. The reader
+    refuses any other in a log; this guards a ``ToolStarted`` built in memory."""
+    return is_pid(s.pid) and is_pid(s.pgid) and 0 <= s.create_time <= MAX_SECONDS
+
+
 def _find_one(
     call: StartedCall, everything: list[ProcInfo], seen: set[int]
 ) -> tuple[CallIdentity, dict[int, tuple[ProcInfo, Via]]]:
     s = call.started
-    leader = ProcessKey.from_create_time(s.pid, s.create_time)
     found: dict[int, tuple[ProcInfo, Via]] = {}
+    if not _plausible(s):
+        return CallIdentity(call.tag), found  # no proof of a start time: touch nothing
+    leader = ProcessKey.from_create_time(s.pid, s.create_time)
 
     def add(p: ProcInfo, via: Via) -> None:
         if p.pid not in seen and not p.zombie and p.start >= leader.start:

@@ -8,12 +8,16 @@ Two kinds of bad line, told apart by where they are:
 * a bad line **followed by any other line** cannot be a torn append (the writer appends one whole
   line per ``write`` and cuts a failed one off at once), so it is corruption: ``LogCorrupted``
   naming the line number and byte offset. A whole line that parses but is not a valid record is
-  corruption wherever it is.
+  corruption wherever it is;
+* so is a whole line of JSON this reader refuses to hold: arrays and objects nested deeper than
+  :data:`MAX_DEPTH`, or a number too large for a float. The writer never produces either, and
+  a line it wrote to the end is not torn, so repair must not set it aside as a torn tail.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -40,12 +44,41 @@ class TornTail:
     """Whether it ended with ``\\n`` (a whole line that does not parse, not a cut one)."""
 
 
+MAX_DEPTH = 100
+"""How deep arrays and objects may nest in one record. records.md's deepest is five; the bound
+keeps every later walk of a value (``json.dumps``, ``check``) far from Python's recursion limit."""
+_TOO_DEEP = f"is nested too deeply (more than {MAX_DEPTH} levels of arrays and objects)"
+
+
+class _Unholdable(Exception):
+    """A whole line of JSON that no record can be: why, for the corruption message."""
+
+
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 is valid JSON, but Python would read it as infinity
+        raise _Unholdable(f"holds the number {text[:40]}, too large for a float")
+    return value
+
+
 # The writer never produces NaN or Infinity (allow_nan=False): a line holding them does not parse.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def _nested_deeper(obj: dict[str, Any], limit: int) -> bool:
+    """Whether arrays and objects in ``obj`` nest more than ``limit`` levels (no recursion)."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def log_path(session: str | os.PathLike[str]) -> Path:
@@ -55,17 +88,25 @@ def log_path(session: str | os.PathLike[str]) -> Path:
 
 
 def _decode(line: bytes) -> tuple[dict[str, Any] | None, str]:
-    """The JSON object of one line, or ``None`` and why it does not parse."""
+    """The JSON object of one line, or ``None`` and why it does not parse.
+
+    ``_Unholdable`` if the line is JSON no record can be (nested too deeply, a huge number).
+    """
     if not line.endswith(b"\n"):
         return None, "the line is not terminated by a newline"
     try:
         obj = _DECODER.decode(line.decode("utf-8"))
     except UnicodeDecodeError:
         return None, "the line is not valid UTF-8"
+    except RecursionError:  # json recurses once per level: this line alone is too deep
+        raise _Unholdable(_TOO_DEEP) from None
     except ValueError as exc:
         return None, f"the line is not valid JSON ({exc})"
     if not isinstance(obj, dict):
         return None, "the line is not a JSON object"
+    # Nesting needs at least one bracket per level, so most lines are cleared by counting them.
+    if line.count(b"[") + line.count(b"{") > MAX_DEPTH and _nested_deeper(obj, MAX_DEPTH):
+        raise _Unholdable(_TOO_DEEP)
     return obj, ""
 
 
@@ -120,7 +161,10 @@ class RecordStream(Iterator[Record]):
         lineno = 0
         while line := readline():
             lineno += 1
-            obj, why = _decode(line)
+            try:
+                obj, why = _decode(line)
+            except _Unholdable as exc:
+                raise self._unholdable(lineno, offset, str(exc)) from None
             if obj is None:
                 # An unterminated line ended at end of file when it was read: on a live log the
                 # rest of it may be arriving right now, so never look past it. A whole line that
@@ -151,6 +195,15 @@ class RecordStream(Iterator[Record]):
             self.end_offset = offset
             self.lines = lineno
             yield record
+
+    def _unholdable(self, lineno: int, offset: int, why: str) -> LogCorrupted:
+        return LogCorrupted(
+            f"{self.path}: line {lineno} (byte offset {offset}) {why}; andon never writes "
+            "that, so the log is corrupt, not torn, and andon changes nothing",
+            session=self.label,
+            line=lineno,
+            offset=offset,
+        )
 
 
 class Records(list[Record]):

@@ -35,7 +35,7 @@ from andon.session._events import (
     UserMessageEntered,
 )
 from andon.session._tool_events import ToolCall, ToolResult, ToolSignal, ToolStarted
-from andon.session._values import Fields, extra_field, with_extra
+from andon.session._values import Fields, check_pid, extra_field, with_extra
 
 __all__ = [
     "FORMAT_VERSION",
@@ -198,6 +198,7 @@ class Record:
             data = Unrecognized(type_, data_obj)
         else:
             data = parser(Fields(data_obj, f"{where} ({type_}) data"))
+            _check_process_ids(data, f"{where} ({type_}) data")
             if isinstance(data, SessionStart) and data.format not in SUPPORTED_FORMATS:
                 raise LogFormatUnsupported(
                     f"the session log has format {data.format}; this version of andon reads format "
@@ -207,6 +208,20 @@ class Record:
                     record_type=type_,
                 )
         return cls(seq, time, data, "repair" if synthetic else None, ignorable, f.extra())
+
+
+def _check_process_ids(data: EventData, where: str) -> None:
+    """Refuse a process id no kernel hands out, once, where the record is read: crash repair
+    looks the ids of ``tool/started`` up and signals what it finds, and to ``kill`` 0 or a
+    negative number is a whole process group, so nothing after the reader may see one."""
+    match data:
+        case ToolStarted(pid=pid, pgid=pgid):
+            check_pid(pid, f"{where}.pid")
+            check_pid(pgid, f"{where}.pgid")
+        case SessionStart(pid=pid) | SessionResumed(pid=pid):
+            check_pid(pid, f"{where}.pid")
+        case _:
+            pass
 
 
 def encode_line(record: Record) -> bytes:

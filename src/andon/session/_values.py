@@ -8,10 +8,11 @@ kept in ``extra`` and written back unchanged: reading a record and writing it ag
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, TypeAlias, assert_never
+from typing import Any, ClassVar, Final, Literal, TypeAlias, assert_never
 
 from andon.base import Cause, cause_from_dict
 
@@ -81,6 +82,39 @@ CONTAINMENTS: frozenset[str] = frozenset(("cgroup", "subreaper", "pgroup"))
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
+# --- bounds of the numbers a log hands to the system ---------------------------------------------
+
+MAX_SECONDS: Final = 253_402_300_799
+"""9999-12-31 23:59:59 UTC. Every float a record holds is seconds (a unix time or a span), and
+``andon log`` formats them with ``time.gmtime``, which fails beyond this (or on infinity)."""
+
+PID_LIMIT: Final = 1 << 22
+"""Linux's ``PID_MAX_LIMIT``: ``pid_max`` can be set no higher, so every process id is below it."""
+
+MAX_EXIT_CODE: Final = 255
+"""What ``waitid`` reports of an exit status: its low 8 bits."""
+
+
+def _show(value: int | float) -> str:
+    """A number for an error message, short however large it is."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"
+    return repr(value)
+
+
+def is_pid(value: object) -> bool:
+    """Whether ``value`` is a process id a kernel can hand out (a positive int below the limit)."""
+    return type(value) is int and 0 < value < PID_LIMIT
+
+
+def check_pid(value: int, where: str) -> None:
+    """``ValueError`` unless ``value`` is a process id: a log's ids reach ``kill`` and
+    ``pidfd_open`` (crash repair), where 0 or a negative number means a whole process group."""
+    if not is_pid(value):
+        raise ValueError(
+            f"{where} must be a process id from 1 to {PID_LIMIT - 1}, not {_show(value)}"
+        )
+
 
 def no_extra() -> Mapping[str, Any]:
     """Default factory for ``extra``: one shared, read-only empty mapping."""
@@ -147,10 +181,17 @@ class Fields:
         return value
 
     def req_num(self, key: str) -> float:
+        """A number of seconds (every float of records.md is a unix time or a span): finite,
+        from 0 to :data:`MAX_SECONDS`."""
         value = self._take(key)
-        if type(value) is float or type(value) is int:
-            return value
-        raise self._bad(key, "a number", value)
+        if type(value) is not float and type(value) is not int:
+            raise self._bad(key, "a number", value)
+        if not 0 <= value <= MAX_SECONDS:  # NaN fails this comparison too
+            raise ValueError(
+                f"{self.where}.{key} must be a number of seconds from 0 to {MAX_SECONDS}, "
+                f"not {_show(value)}"
+            )
+        return value
 
     def req_str(self, key: str) -> str:
         value = self._take(key)
@@ -419,7 +460,18 @@ class ExitStatus:
     @classmethod
     def from_json(cls, obj: object, where: str = "exit") -> ExitStatus:
         f = Fields(obj, where)
-        return cls(f.nullable_int("code"), f.nullable_int("signal"), f.extra())
+        code, sig = f.nullable_int("code"), f.nullable_int("signal")
+        # Only what waitid reports: any other number is no status a process ever had.
+        if code is not None and not 0 <= code <= MAX_EXIT_CODE:
+            raise ValueError(
+                f"{where}.code must be an exit code from 0 to {MAX_EXIT_CODE}, not {_show(code)}"
+            )
+        if sig is not None and not 0 < sig < signal.NSIG:
+            raise ValueError(
+                f"{where}.signal must be a signal number from 1 to {signal.NSIG - 1}, "
+                f"not {_show(sig)}"
+            )
+        return cls(code, sig, f.extra())
 
 
 # --- turn-end reasons ---------------------------------------------------------------------------
