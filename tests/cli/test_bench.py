@@ -83,7 +83,8 @@ def test_table_through_python_m() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "scenario" in out.stdout and "shell" in out.stdout
-    assert "shell" in out.stderr  # the progress line
+    # stderr is a pipe here: no progress bar, no carriage return, no escape code
+    assert "\r" not in out.stderr and "\033" not in out.stderr, repr(out.stderr[:200])
 
 
 def test_plot_without_matplotlib_says_what_to_install(
@@ -100,3 +101,32 @@ def test_plot_without_matplotlib_says_what_to_install(
 def test_usage_errors_exit_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
     assert run(parse("interrupt", *argv)) == 2
     assert "andon bench:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_exit_runs_andon_beside_the_bare_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "exit", "--runs", "2")
+    assert data["andon"]["latency"]["n"] == 2 and data["baseline"]["latency"]["n"] == 2
+    assert data["andon"]["exit_codes"] == [130] and data["andon"]["survivors_max"] == 0
+    # The baseline stops only its child's group: the escapee and the daemon live on (and are
+    # then killed by their tag), which is what sets it apart from a complete stop.
+    assert data["baseline"]["survivors_max"] > 0
+    assert isinstance(data["goal_met"], bool)
+
+
+def test_progress_shows_on_a_terminal() -> None:
+    import pexpect
+
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "andon.cli", "bench", "recovery", "--max-events", "1000"],
+        timeout=120,
+        encoding="utf-8",
+    )
+    try:
+        child.expect(r"recovery\s+\[#")  # the bar, drawn in place on the terminal
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

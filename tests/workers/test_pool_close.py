@@ -194,3 +194,51 @@ async def test_a_pool_started_in_one_task_works_and_closes_from_another() -> Non
     finally:
         await asyncio.create_task(pool.aclose())
     assert pool.workers == {}
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether ``pid`` (our own child, if anything) still runs; a reaped one is gone."""
+    if pid is None:
+        return False
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_them() -> None:
+    """A fast exit (cli.md): idle workers are SIGKILLed rather than asked to exit, and the
+    forkserver and resource tracker the pool started are killed and reaped; nothing of them
+    outlives the close, not even a zombie."""
+    from multiprocess import forkserver, resource_tracker
+
+    from andon.base import procs
+
+    pool = WorkerPool(WorkerPoolConfig(size=2), more_tools())
+    await pool.start()
+    infos = [procs.stat(pid) for pid in pool.workers.values()]
+    workers = [procs.Pidfd.open(info.key) for info in infos if info is not None]
+    assert len(workers) == 2
+    server = forkserver._forkserver._forkserver_pid
+    tracker = resource_tracker._resource_tracker._pid
+    assert _alive(server) and _alive(tracker)
+    await pool.aclose()
+    assert not _alive(server) and not _alive(tracker)
+    with pytest.raises(ChildProcessError):  # reaped, not left as zombies
+        os.waitid(os.P_PID, server, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222 (WNOHANG)
+    for fd in workers:
+        assert fd is not None and fd.exited()
+        fd.close()
+
+
+async def test_a_tracker_running_before_the_pool_is_left_to_its_owner() -> None:
+    from multiprocess import resource_tracker
+
+    resource_tracker.ensure_running()  # somebody else's use of multiprocess, before andon's
+    tracker = resource_tracker._resource_tracker._pid
+    try:
+        async with WorkerPool(WorkerPoolConfig(size=1), more_tools()):
+            pass
+        assert _alive(tracker)
+    finally:
+        resource_tracker._resource_tracker._stop()

@@ -19,7 +19,7 @@ from ._stats import ms, table
 
 __all__ = ["register", "run"]
 
-KINDS = ("interrupt", "dispatch", "recovery", "all")
+KINDS = ("interrupt", "exit", "dispatch", "recovery", "all")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -40,11 +40,28 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _progress(name: str, i: int, n: int) -> None:
+    """A progress bar on a terminal; nothing at all on a pipe or a file (a CI log must not fill
+    with carriage returns and escape codes)."""
+    if not _is_terminal(sys.stderr):
+        return
     width = 20
     done = width * (i + 1) // n
     bar = "#" * done + "." * (width - done)
     sys.stderr.write(f"\r\033[K{name:<16} [{bar}] {i + 1}/{n}")
     sys.stderr.flush()
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _end_progress() -> None:
+    if _is_terminal(sys.stderr):
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,13 +90,18 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("andon bench: --plot needs matplotlib: pip install andon[plot]", file=sys.stderr)
             return 2
-    kinds = ["interrupt", "dispatch", "recovery"] if args.kind == "all" else [args.kind]
+    kinds = ["interrupt", "exit", "dispatch", "recovery"] if args.kind == "all" else [args.kind]
     out: dict[str, Any] = {}
     code = 0
     texts = []
     for kind in kinds:
         if kind == "interrupt":
             data, text, bad = _interrupt_report(args, names, grace)
+            code = max(code, 1 if bad else 0)
+        elif kind == "exit":
+            from ._exit import run_exit
+
+            data, text, bad = run_exit(args.runs, args.grace, args.seed, _progress)
             code = max(code, 1 if bad else 0)
         elif kind == "dispatch":
             from ._dispatch import run_dispatch
@@ -89,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             from ._recovery import run_recovery
 
             data, text = run_recovery(args.max_events, _progress)
+        _end_progress()
         out[kind] = data
         texts.append(text)
     if args.json:

@@ -17,7 +17,6 @@ import random
 import secrets
 import shutil
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -477,5 +476,4 @@ async def run_interrupt(
             containment = str(pool.containment)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        print(file=sys.stderr)
     return results, containment

@@ -56,9 +56,11 @@ __all__ = [
     "descendants",
     "find_call",
     "kill_call",
+    "kill_child",
     "killpg_pinned",
     "own_key",
     "signal_group",
+    "signal_groups",
     "signal_key",
     "signal_tagged",
     "snapshot",
@@ -386,6 +388,19 @@ def killpg_pinned(pgid: int, sig: int) -> bool:
         return False
 
 
+def kill_child(pid: int, sig: int) -> bool:
+    """Signal the caller's own child ``pid`` if it has not exited (and not been reaped): an
+    unreaped child keeps its pid, so the number cannot name a stranger. False if it has exited
+    (a zombie waits to be reaped) or is not our child."""
+    try:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return False
+        os.kill(pid, sig)
+        return True
+    except (ChildProcessError, ProcessLookupError):
+        return False
+
+
 def signal_group(anchor: Pidfd, sig: int) -> int:
     """Signal the process group led by ``anchor`` (a process that is not our child, such as a
     pool worker); return how many processes were reached.
@@ -395,19 +410,32 @@ def signal_group(anchor: Pidfd, sig: int) -> int:
     live leader holds it). Nothing is signalled once the anchor has exited (what its calls left
     is found by their tags instead).
     """
-    if anchor.exited():
+    return signal_groups([anchor], sig)
+
+
+def signal_groups(anchors: Iterable[Pidfd], sig: int) -> int:
+    """:func:`signal_group` for several leaders at once, from one scan of ``/proc`` (a scan costs
+    about as much as the signals: a pool closing its idle workers pays it once, not per worker)."""
+    live = [a for a in anchors if not a.exited()]
+    if not live:
         return 0
-    pgid = anchor.key.pid
-    members = (p for p in snapshot() if p.pgid == pgid and p.pid != pgid)
-    fds = [fd for fd in (Pidfd.open(p.key) for p in members) if fd is not None]
+    pgids = {a.key.pid for a in live}
+    members = [p for p in snapshot() if p.pgid in pgids and p.pid != p.pgid]
+    opened = [(Pidfd.open(p.key), p.pgid) for p in members]
+    fds = [(fd, pgid) for fd, pgid in opened if fd is not None]
     try:
-        if anchor.exited():
-            return 0
-        # The anchor through its own pidfd, whatever its group: a worker that has not reached
-        # its setsid yet leads no group, and must still get the signal.
-        return int(anchor.send(sig)) + sum(1 for fd in fds if fd.send(sig))
+        sent = 0
+        for anchor in live:
+            if anchor.exited():
+                continue  # its group id may be reused: nothing of it is signalled
+            # The anchor through its own pidfd, whatever its group: a worker that has not
+            # reached its setsid yet leads no group, and must still get the signal.
+            sent += int(anchor.send(sig))
+            group = anchor.key.pid
+            sent += sum(1 for fd, pgid in fds if pgid == group and fd.send(sig))
+        return sent
     finally:
-        for fd in fds:
+        for fd, _ in fds:
             fd.close()
 
 
