@@ -224,7 +224,11 @@ def cgroup_root() -> Iterator[Path]:
     writable = [root for root, ok in procs.cgroup2_mounts() if ok]
     if not writable:
         pytest.skip("no writable cgroup v2 hierarchy here")
-    folder = writable[0] / f"andon-{os.getpid()}-{secrets.token_hex(4)}"
+    me = procs.stat(os.getpid())
+    assert me is not None
+    # The name a pool gives its tree today (andon.workers._containment.CgroupTree.new).
+    name = f"andon-{me.pid}-s{me.start}-ns{procs.pid_namespace()}-{secrets.token_hex(4)}"
+    folder = writable[0] / name
     try:
         folder.mkdir()
     except OSError as exc:

@@ -130,9 +130,11 @@ async def test_a_dead_supervisors_cgroup_tree_is_swept_at_the_next_start(mode: s
 
     root = cgroup2_root()
     assert root is not None
+    from andon.base import procs
+
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer exists
-    stale = Path(root) / f"andon-{gone.pid}"
+    stale = Path(root) / f"andon-{gone.pid}-s1-ns{procs.pid_namespace()}-0123abcd"
     (stale / "call-c1-1-1").mkdir(parents=True)
     (stale / "worker-w1").mkdir()
     async with running_pool(mode):

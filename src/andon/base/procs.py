@@ -59,6 +59,7 @@ __all__ = [
     "kill_child",
     "killpg_pinned",
     "own_key",
+    "pid_namespace",
     "signal_group",
     "signal_groups",
     "signal_key",
@@ -119,6 +120,16 @@ class ProcInfo:
     @property
     def zombie(self) -> bool:
         return self.state in ("Z", "X")
+
+
+def pid_namespace() -> int | None:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``), or None if unreadable.
+    A pid is a number in one namespace: the same number names another process, or none, in any
+    other, so a pid written down is only ever looked up in the namespace it was written in."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def stat(pid: int) -> ProcInfo | None:

@@ -48,9 +48,10 @@ __all__ = [
 
 KILL_WAIT = 5.0
 
-# The folder a pool creates (``andon-<supervisor pid>-<random>``); the bare ``andon-<pid>`` of
-# older versions is not unique across pools and is never trusted here.
-_POOL_FOLDER = re.compile(r"andon-[0-9]+-[0-9a-f]{8,}")
+# The folder a pool creates (``andon-<pid>-s<start>-ns<pid namespace>-<random>``, or
+# ``andon-<pid>-<random>`` before the start and namespace were added); the bare ``andon-<pid>``
+# of older versions is not unique across pools and is never trusted here.
+_POOL_FOLDER = re.compile(r"andon-[0-9]+(?:-s[0-9]+-ns[0-9]+)?-[0-9a-f]{8,}")
 
 Via = Literal["leader", "tag", "cgroup"]
 

@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -76,15 +77,31 @@ def detect_mode(setting: ContainmentSetting = "auto") -> ContainmentMode:
     return "subreaper"
 
 
-_BASE = re.compile(r"andon-([0-9]+)(?:-([0-9a-f]{8,32}))?")
+_BASE = re.compile(r"andon-([0-9]+)-s([0-9]+)-ns([0-9]+)-[0-9a-f]{8,32}")
+
+
+@dataclass(frozen=True, slots=True)
+class TreeOwner:
+    """The supervisor a tree's name says made it: pid and start time, as its pid namespace sees
+    them (a pid means another process, or nothing, in any other namespace)."""
+
+    pid: int
+    start: int  # clock ticks since boot
+    pidns: int  # the inode of its pid namespace
 
 
 class CgroupTree:
-    """``<root>/andon-<supervisor pid>-<random>/`` with a leaf per worker and per call.
+    """``<root>/andon-<pid>-s<start>-ns<pid namespace>-<random>/`` with a leaf per worker and
+    per call.
 
-    The random part makes the tree unique even for two pools in one process. The pool creates
-    the top folder and hands its path to its workers; each worker creates its own leaf and its
-    call leaves (``call-<call tag>``, unique across sessions).
+    The name proves whose tree it is to a later supervisor sweeping stale trees: the pid and its
+    start time (a reused pid is another process), and the pid namespace they are numbers in. The
+    cgroup hierarchy is shared by every pid namespace of the machine (a container's andon, one
+    under ``unshare --pid``), and a pid that does not exist in one namespace may be a live
+    supervisor in another: only trees of the sweeper's own namespace are judged. The random part
+    makes the tree unique even for two pools in one process. The pool creates the top folder and
+    hands its path to its workers; each worker creates its own leaf and its call leaves
+    (``call-<call tag>``, unique across sessions).
     """
 
     def __init__(self, base: Path) -> None:
@@ -92,13 +109,21 @@ class CgroupTree:
 
     @classmethod
     def new(cls, root: Path, supervisor_pid: int) -> CgroupTree:
-        return cls(root / f"andon-{supervisor_pid}-{secrets.token_hex(4)}")
+        """A tree for the supervisor ``supervisor_pid`` (this process, normally). ``ValueError``
+        if that process or this pid namespace cannot be read (no tree then: containment falls
+        back)."""
+        info, pidns = procs.stat(supervisor_pid), procs.pid_namespace()
+        if info is None or pidns is None:
+            raise ValueError(f"cannot read the identity of process {supervisor_pid}")
+        name = f"andon-{supervisor_pid}-s{info.start}-ns{pidns}-{secrets.token_hex(4)}"
+        return cls(root / name)
 
     @staticmethod
-    def parse_base(name: str) -> int | None:
-        """The supervisor pid an ``andon-…`` folder name carries, or None if it is not one."""
+    def parse_base(name: str) -> TreeOwner | None:
+        """The supervisor an ``andon-…`` folder name names, or None if it is not one (an older
+        name without the start time and namespace is not judged either)."""
         match = _BASE.fullmatch(name)
-        return int(match[1]) if match else None
+        return TreeOwner(int(match[1]), int(match[2]), int(match[3])) if match else None
 
     def create_base(self) -> None:
         self.base.mkdir(mode=0o755, exist_ok=True)
@@ -137,17 +162,23 @@ class CgroupTree:
 
     @staticmethod
     def sweep_stale(root: Path) -> int:
-        """Remove the trees of supervisors that died without cleaning up (kill -9 leaves an
-        ``andon-<pid>-<random>`` folder behind). A tree is stale only if its pid is gone; anything
-        still inside is SIGKILLed through ``cgroup.kill`` first: only andon puts processes in
-        these folders. Returns how many trees were removed."""
+        """Remove the trees of supervisors that died without cleaning up (kill -9 leaves its
+        folder behind). A tree is stale only if it was made in this pid namespace and its
+        supervisor (pid and start time) no longer runs; anything still inside is SIGKILLed
+        through ``cgroup.kill`` first: only andon puts processes in these folders. A tree of
+        another namespace is never judged (its pid numbers mean other processes here). Returns
+        how many trees were removed."""
+        ours = procs.pid_namespace()
+        if ours is None:
+            return 0
         removed = 0
         for base in root.glob("andon-*"):
-            pid = CgroupTree.parse_base(base.name)
-            if pid is None or not base.is_dir():
+            owner = CgroupTree.parse_base(base.name)
+            if owner is None or owner.pidns != ours or not base.is_dir():
                 continue
-            if procs.stat(pid) is not None:
-                continue  # alive (or a reused pid): not ours to touch
+            info = procs.stat(owner.pid)
+            if info is not None and info.start == owner.start:
+                continue  # its supervisor runs: not ours to touch
             for leaf in base.iterdir():
                 if leaf.is_dir():
                     CgroupTree.kill(leaf)
