@@ -417,7 +417,7 @@ def _sessions(root: Path, *, as_json: bool) -> int:
         (_session_summary(p) for p in folders), key=lambda e: e["started"] or 0, reverse=True
     )
     if not entries and not as_json:
-        print(f"no sessions under {root}", file=sys.stderr)
+        print(f"andon: no sessions under {root}", file=sys.stderr)
     for e in entries:
         if as_json:
             sys.stdout.write(json.dumps(e, ensure_ascii=False) + "\n")

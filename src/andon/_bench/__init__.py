@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         from ._plot import plot
 
         plot(out["interrupt"], args.plot)
-        print(f"plot: {args.plot}", file=sys.stderr)
+        print(f"andon: plot: {args.plot}", file=sys.stderr)
     return code
 
 
