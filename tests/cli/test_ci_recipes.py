@@ -256,6 +256,18 @@ def _assert_nothing_left(step: Step, found: list[ProcInfo]) -> None:
     assert alive_after(step.tagged(), GONE_BOUND) == []
 
 
+def _assert_stopped(step: Step, found: list[ProcInfo], code: int, cause: str) -> None:
+    """The run ended by the runner's signal: ``run/summary`` says ``code`` and the cause, no
+    traceback, nothing of it left, and its log passes ``andon check``."""
+    events, err = step.rest()
+    summary = events[-1]
+    assert _is_summary(summary) and summary["exit_code"] == code, err
+    assert summary["ended"] == {"kind": "aborted", "reason": {"kind": cause}}
+    assert "Traceback" not in err
+    _assert_nothing_left(step, found)
+    assert_balanced(Path(summary["session"]))
+
+
 # --- GitHub Actions -------------------------------------------------------------------------------
 
 
@@ -274,13 +286,7 @@ def test_github_step_is_andon_and_the_cancel_sigint_stops_it(
     ended_by = _cancel_like_github(step.proc)
 
     assert (ended_by, step.proc.returncode) == ("SIGINT", 130)  # never needed SIGTERM or a kill
-    events, err = step.rest()
-    summary = events[-1]
-    assert _is_summary(summary) and summary["exit_code"] == 130, err
-    assert summary["ended"] == {"kind": "aborted", "reason": {"kind": "user"}}
-    assert "Traceback" not in err
-    _assert_nothing_left(step, found)
-    assert_balanced(Path(summary["session"]))
+    _assert_stopped(step, found, 130, "user")
 
 
 @pytest.mark.timeout(120)
@@ -372,12 +378,7 @@ def test_gitlab_shell_executor_sigterm_to_the_group_waits_for_andon(
 
     assert step.proc.wait(timeout=GONE_BOUND) == 143  # the trap's `exit` takes andon's status
     assert alive_after([andon], 0) == []  # the shell outlived andon: the job ended with it
-    events, err = step.rest()
-    summary = events[-1]
-    assert _is_summary(summary) and summary["exit_code"] == 143, err
-    assert summary["ended"] == {"kind": "aborted", "reason": {"kind": "disposed"}}
-    _assert_nothing_left(step, found)
-    assert_balanced(Path(summary["session"]))
+    _assert_stopped(step, found, 143, "disposed")
 
 
 @pytest.mark.timeout(120)
@@ -494,9 +495,4 @@ def test_k8s_container_command_is_pid_1_and_stops_on_the_kubelets_sigterm(
         pytest.fail(f"andon still ran {grace_period} s after SIGTERM: the kubelet would KILL it")
 
     assert step.proc.returncode == 143
-    events, err = step.rest()
-    summary = events[-1]
-    assert _is_summary(summary) and summary["exit_code"] == 143, err
-    assert summary["ended"] == {"kind": "aborted", "reason": {"kind": "disposed"}}
-    _assert_nothing_left(step, found)
-    assert_balanced(Path(summary["session"]))
+    _assert_stopped(step, found, 143, "disposed")

@@ -375,3 +375,17 @@ def validate_request(messages: list[dict[str, Any]]) -> None:
         else:
             raise AssertionError(f"message {i}: unexpected role {role!r}")
     assert not owed, f"tool calls {owed} are never answered"
+
+
+def write_crashed(folder: Path, sid: str, started: ToolStarted) -> None:
+    """A log that ends inside call ``c1-1-1`` of session ``sid``, after its ``started``."""
+    sim = Sim(session_id=sid)
+    sim.start()
+    sim.queue("Run it.")
+    sim.begin_turn()
+    sim.begin_step(sim.claim(first_step=True))
+    calls = sim.reply([TextBlock("Running."), ToolCallBlock("c1-1-1", "bash", "{}")])
+    sim.tool_call(calls[0])
+    sim.emit(started)
+    folder.mkdir()
+    (folder / "events.jsonl").write_bytes(b"".join(lines_of(sim.data())))

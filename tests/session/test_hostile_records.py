@@ -21,8 +21,6 @@ import pytest
 from andon.base import LogCorrupted, session_id
 from andon.session import (
     Record,
-    TextBlock,
-    ToolCallBlock,
     ToolStarted,
     iter_records,
     kill_in_flight,
@@ -31,7 +29,7 @@ from andon.session import (
 )
 from andon.session._leftovers import StartedCall, find_leftovers
 from andon.session._reader import MAX_DEPTH
-from tests.session.helpers import Sim, lines_of
+from tests.session.helpers import Sim, lines_of, write_crashed
 
 PID_LIMIT = 1 << 22  # Linux's PID_MAX_LIMIT
 
@@ -189,16 +187,7 @@ def _crashed_with(folder: Path, **change: Any) -> str:
     sid = session_id()
     fields: dict[str, Any] = {"pid": 4301, "pgid": 4301, "create_time": 1764661201.12} | change
     started = ToolStarted(1, 1, "c1-1-1", "w1", socket.gethostname(), **fields)
-    sim = Sim(session_id=sid)
-    sim.start()
-    sim.queue("Run it.")
-    sim.begin_turn()
-    sim.begin_step(sim.claim(first_step=True))
-    calls = sim.reply([TextBlock("Running."), ToolCallBlock("c1-1-1", "bash", "{}")])
-    sim.tool_call(calls[0])
-    sim.emit(started)
-    folder.mkdir()
-    (folder / "events.jsonl").write_bytes(b"".join(lines_of(sim.data())))
+    write_crashed(folder, sid, started)
     return sid
 
 

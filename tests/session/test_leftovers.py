@@ -20,8 +20,6 @@ import pytest
 from andon.base import call_tag, procs, session_id
 from andon.session import (
     SessionRepaired,
-    TextBlock,
-    ToolCallBlock,
     ToolStarted,
     kill_in_flight,
     load,
@@ -29,22 +27,8 @@ from andon.session import (
     repair,
 )
 from andon.session._leftovers import StartedCall, find_leftovers
-from tests.session.helpers import Sim, lines_of
+from tests.session.helpers import write_crashed
 from tests.support import alive_after, can_force_pids, spawn_at_pid
-
-
-def _crashed(folder: Path, sid: str, started: ToolStarted) -> None:
-    """A log that ends inside call ``c1-1-1`` of session ``sid``, which had started."""
-    sim = Sim(session_id=sid)
-    sim.start()
-    sim.queue("Run it.")
-    sim.begin_turn()
-    sim.begin_step(sim.claim(first_step=True))
-    calls = sim.reply([TextBlock("Running."), ToolCallBlock("c1-1-1", "bash", "{}")])
-    sim.tool_call(calls[0])
-    sim.emit(started)
-    folder.mkdir()
-    (folder / "events.jsonl").write_bytes(b"".join(lines_of(sim.data())))
 
 
 def _env(tag: str | None) -> dict[str, str]:
@@ -107,7 +91,7 @@ def test_the_leader_and_its_children_are_killed_by_key_and_tag(tmp_path: Path) -
     proc = _spawn("sleep 60 & echo started; wait", tag)
     child = procs.descendants(proc.pid, procs.snapshot())
     try:
-        _crashed(tmp_path / "s", sid, _started(proc.pid))
+        write_crashed(tmp_path / "s", sid, _started(proc.pid))
         loaded = load(tmp_path / "s")
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert _summary(loaded).killed_leftovers == 2  # bash and its background sleep
@@ -124,7 +108,7 @@ def test_an_untagged_process_at_the_recorded_pid_and_start_is_not_proof_enough(
     sid = session_id()
     proc = _spawn("sleep 60 & echo started; wait")
     try:
-        _crashed(tmp_path / "s", sid, _started(proc.pid))
+        write_crashed(tmp_path / "s", sid, _started(proc.pid))
         assert repair(tmp_path / "s", dry_run=True).leftovers == ()
         assert _summary(load(tmp_path / "s")).killed_leftovers == 0
         assert proc.poll() is None
@@ -143,7 +127,7 @@ def test_an_escapee_that_left_the_tree_and_the_group_is_found_by_its_tag(tmp_pat
         _end(proc)  # the leader is gone, as after a crash that the worker did not survive
         (escapee,) = procs.tagged(procs.tag_entry(tag))
         assert escapee.pgid != record.pgid
-        _crashed(tmp_path / "s", sid, record)
+        write_crashed(tmp_path / "s", sid, record)
         loaded = load(tmp_path / "s")
         assert [(lf.pid, lf.via) for lf in loaded.report.leftovers] == [(escapee.pid, "tag")]
         assert _summary(loaded).killed_leftovers == 1
@@ -171,7 +155,7 @@ def test_a_process_that_is_not_provably_the_tool_is_never_touched(
         record = _started(proc.pid)
         later = change.pop("later", 0.0)
         record = _started(proc.pid, create_time=record.create_time + later, **change)
-        _crashed(tmp_path / "s", sid, record)
+        write_crashed(tmp_path / "s", sid, record)
         assert repair(tmp_path / "s", dry_run=True).leftovers == ()
         assert _summary(load(tmp_path / "s")).killed_leftovers == 0
         assert proc.poll() is None  # still running
@@ -187,7 +171,7 @@ def test_the_same_call_id_of_another_session_is_never_touched(tmp_path: Path) ->
     try:
         record = _started(gone.pid)
         _end(gone)
-        _crashed(tmp_path / "s", mine, record)
+        write_crashed(tmp_path / "s", mine, record)
         assert repair(tmp_path / "s", dry_run=True).leftovers == ()
         assert _summary(load(tmp_path / "s")).killed_leftovers == 0
         assert stranger.poll() is None
@@ -210,7 +194,7 @@ def test_after_forced_pid_reuse_the_stranger_at_the_recorded_pid_survives(tmp_pa
     try:
         info = procs.stat(stranger.pid)
         assert info is not None and (info.pid, info.pgid) == (record.pid, record.pgid)
-        _crashed(tmp_path / "s", mine, record)
+        write_crashed(tmp_path / "s", mine, record)
         assert repair(tmp_path / "s", dry_run=True).leftovers == ()
         assert _summary(load(tmp_path / "s")).killed_leftovers == 0
         assert stranger.poll() is None
@@ -260,7 +244,7 @@ def test_the_calls_cgroup_is_killed_when_every_member_carries_the_tag(
     try:
         leader = procs_in[0].pid
         started = _started(leader, containment="cgroup", cgroup=str(leaf))
-        _crashed(tmp_path / "s", sid, started)
+        write_crashed(tmp_path / "s", sid, started)
         loaded = load(tmp_path / "s")
         assert [p.wait(timeout=10) for p in procs_in] == [-signal.SIGKILL] * 2
         assert sorted(lf.via for lf in loaded.report.leftovers) == ["leader", "tag"]
@@ -283,7 +267,7 @@ def test_an_untagged_member_of_the_calls_cgroup_is_never_touched(
     ours, stranger = _in_cgroup(leaf, tag), _in_cgroup(leaf, None)
     try:
         started = _started(ours.pid, containment="cgroup", cgroup=str(leaf))
-        _crashed(tmp_path / "s", sid, started)
+        write_crashed(tmp_path / "s", sid, started)
         loaded = load(tmp_path / "s")
         assert ours.wait(timeout=10) == -signal.SIGKILL
         assert [lf.pid for lf in loaded.report.leftovers] == [ours.pid]
@@ -324,7 +308,7 @@ def test_kill_in_flight_kills_the_logs_running_call_and_no_stranger(tmp_path: Pa
     proc = _spawn("sleep 60 & echo started; wait", tag)
     stranger = _spawn("sleep 60 & echo started; wait", stranger_tag)
     try:
-        _crashed(tmp_path / "s", mine, _started(proc.pid))
+        write_crashed(tmp_path / "s", mine, _started(proc.pid))
         assert kill_in_flight(read(tmp_path / "s"), wait=5.0) == 2
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert procs.tagged(procs.tag_entry(tag)) == []
