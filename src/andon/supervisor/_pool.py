@@ -801,7 +801,6 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
         raise WorkerError(_holds_message(held))
     if _forkserver_pid() is not None:
         return  # running, and clean of every name asked for
-    tracker_before = resource_tracker._resource_tracker._pid
     names = (procs.TAG_VAR, *sorted(_Scrub.names))
     saved = {name: os.environ.get(name) for name in names}
     # The forkserver (and multiprocess's resource tracker, started with it) live in the
@@ -822,9 +821,6 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
         resource_tracker.ensure_running()
         _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
         forkserver.ensure_running()
-        _ForkserverUsers.started = {forkserver._forkserver._forkserver_pid}
-        if tracker_before is None:
-            _ForkserverUsers.started.add(resource_tracker._resource_tracker._pid)
     finally:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
         for name, value in saved.items():
@@ -887,14 +883,19 @@ class _ForkserverUsers:
     teardown (about 25 and 15 ms measured, on the exit path of every ``andon run``), and neither
     holds anything by then: the forkserver only forks workers (none is being started once the
     last pool closed), and the tracker only tracks named resources, which andon never creates.
-    Only the helpers a pool started are stopped (``started``): a tracker that was already running
-    belongs to whoever started it."""
+    The forkserver is andon's (the pools set its preload and start it, and multiprocess restarts
+    it for them); a tracker that was already running when the first of the open pools started
+    belongs to whoever started it and is left alone (``foreign_tracker``)."""
 
     count = 0
-    started: ClassVar[set[int | None]] = set()
+    foreign_tracker: ClassVar[int | None] = None
 
     @classmethod
     def acquire(cls) -> None:
+        if cls.count == 0:
+            from multiprocess import resource_tracker
+
+            cls.foreign_tracker = resource_tracker._resource_tracker._pid
         cls.count += 1
 
     @classmethod
@@ -904,10 +905,9 @@ class _ForkserverUsers:
             return
         from multiprocess import forkserver, resource_tracker
 
-        started, cls.started = cls.started, set()
         server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
-        ours_server = server._forkserver_pid in started
-        ours_tracker = tracker._pid in started
+        ours_server = server._forkserver_pid is not None
+        ours_tracker = tracker._pid is not None and tracker._pid != cls.foreign_tracker
         # Both killed first, then both reaped: their exits overlap.
         if ours_server:
             procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
