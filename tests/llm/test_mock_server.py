@@ -268,3 +268,38 @@ def test_main_refuses_a_bad_script(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "reply 0" in result.stderr and "'text'" in result.stderr
+
+
+def test_main_strict_reasoning_flag(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "accepted"}]))
+    andon = str(Path(sys.executable).parent / "andon")  # the CLI forwards the flag
+    proc = subprocess.Popen(
+        [andon, "mock-model", "--script", str(script), "--strict-reasoning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    missing = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    try:
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().strip()
+        with httpx.Client(timeout=5.0) as client:
+            refused = client.post(
+                f"{base_url}/chat/completions", json={**BODY, "messages": missing}
+            )
+            missing[1]["reasoning_content"] = ""
+            served = client.post(f"{base_url}/chat/completions", json={**BODY, "messages": missing})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["type"] == "invalid_request_error"
+        assert events_of(served.text)[0]["choices"][0]["delta"]["content"] == "accepted"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

@@ -798,13 +798,13 @@ async def test_deepseek_request_body_as_the_server_receives_it() -> None:
     assert [m.get("reasoning_content") for m in messages] == [
         None,
         None,
-        None,  # before the last user message: not needed (llm.md), not sent
+        "The log says make failed.",  # a tool-using span: needed in all later requests (V4)
         None,
-        None,
+        "One char.",  # same span, no tool call of its own: needed too
         None,
         None,  # a span without tool calls: not sent
         None,
-        "",  # after the last user message, tools were called: sent even when empty
+        "",  # the current span called tools: sent even when empty
         None,
     ]
     assert received.headers["content-type"] == "application/json"

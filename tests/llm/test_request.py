@@ -1,5 +1,6 @@
 """The request builder (llm.md, Wire format): history + tools -> a chat-completions body, with
-DeepSeek's rule for passing reasoning back."""
+DeepSeek's rule for passing reasoning back (the V4 rule; test_reasoning_rule.py has the histories
+and the strict server)."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def test_the_request_is_not_changed() -> None:
     assert before == HISTORY
 
 
-def test_deepseek_passes_reasoning_back_exactly_after_the_last_user_message() -> None:
+def test_deepseek_passes_back_the_reasoning_of_every_tool_using_span() -> None:
     body = build_request_body(
         ModelRequest(messages=HISTORY, tools=TOOLS),
         model="deepseek-v4-flash",
@@ -113,12 +114,12 @@ def test_deepseek_passes_reasoning_back_exactly_after_the_last_user_message() ->
     assert reasoning_of(body) == [
         None,  # system
         None,  # user
-        None,  # span 1 (tools, but before the last user message): not needed (llm.md)
+        "The log says",  # span 1 used tools: all its replies, in every later request (V4 rule)
+        None,
+        "",  # no reasoning recorded: sent as ""
         None,
         None,
-        None,
-        None,
-        None,
+        "Done.",  # span 1's last reply made no call itself, but its span did
         None,  # user
         None,  # span 2 called no tools: its reasoning is not needed and not sent
         None,  # user (the last one)
@@ -132,10 +133,18 @@ def test_deepseek_passes_reasoning_back_exactly_after_the_last_user_message() ->
 def test_deepseek_before_any_tool_call_sends_no_reasoning() -> None:
     messages = (user("hi"), assistant("Hello.", reasoning="Greet back."), user("and now?"))
     body = build_request_body(
-        ModelRequest(messages=messages), model="m", provider="deepseek", thinking=False
+        ModelRequest(messages=messages), model="m", provider="deepseek", thinking=True
+    )
+    assert body["thinking"] == {"type": "enabled"}
+    assert reasoning_of(body) == [None, None, None]
+
+
+def test_deepseek_with_thinking_off_sends_no_reasoning_at_all() -> None:
+    body = build_request_body(
+        ModelRequest(messages=HISTORY), model="m", provider="deepseek", thinking=False
     )
     assert body["thinking"] == {"type": "disabled"}
-    assert reasoning_of(body) == [None, None, None]
+    assert reasoning_of(body) == [None] * len(HISTORY)
 
 
 def test_deepseek_thinking_is_always_sent_explicitly() -> None:
@@ -183,7 +192,7 @@ _messages = st.lists(
 
 
 @given(_messages)
-def test_reasoning_goes_back_iff_after_the_last_user_message_and_tools_were_called(
+def test_reasoning_goes_back_iff_the_span_of_the_message_called_tools(
     messages: list[dict[str, Any]],
 ) -> None:
     body = build_request_body(
@@ -203,8 +212,7 @@ def test_reasoning_goes_back_iff_after_the_last_user_message_and_tools_were_call
         span_called = any(
             m["role"] == "assistant" and m.get("tool_calls") for m in messages[start + 1 : end]
         )
-        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-        expect = original["role"] == "assistant" and span_called and index > last_user
+        expect = original["role"] == "assistant" and span_called
         assert needed[index] is expect
         assert ("reasoning_content" in sent) is expect
         if expect:

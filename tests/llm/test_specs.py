@@ -11,6 +11,7 @@ from andon.base import ConfigError, ScriptInvalid
 from andon.llm import (
     API_KEY_ENV_VARS,
     DEEPSEEK_MODELS,
+    SPEC_FORMS,
     ModelInfo,
     ModelRequest,
     OpenAICompatible,
@@ -215,3 +216,71 @@ def test_a_script_nested_5000_deep_is_a_clear_error(tmp_path: Path, name: str) -
     path.write_text("[" * 5000 + "]" * 5000)
     with pytest.raises(ScriptInvalid, match="nests too deeply"):
         from_spec(f"script:{path}")
+
+
+# --- deepseek+URL#MODEL: a DeepSeek-compatible endpoint at a custom URL --------------------------
+
+
+def test_deepseek_at_a_custom_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = "deepseek+http://127.0.0.1:30000/v1#deepseek-v4-flash"
+    model = from_spec(spec)  # no key needed: a proxy or a local server may want none
+    assert isinstance(model, OpenAICompatible)
+    assert model.info == ModelInfo(spec=spec, provider="deepseek", name="deepseek-v4-flash")
+    assert model.base_url == "http://127.0.0.1:30000/v1"
+    assert model.api_key_env == "ANDON_API_KEY"
+    assert api_key_env_for(spec) == "ANDON_API_KEY"
+    assert model.thinking is True  # DeepSeek's default, sent explicitly
+    tools_span = ModelRequest(
+        messages=(
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        )
+    )
+    body = model.request_body(tools_span)
+    assert body["thinking"] == {"type": "enabled"}
+    assert body["messages"][1]["reasoning_content"] == ""  # the reasoning rule applies
+    off = from_spec(spec, thinking=False)
+    assert isinstance(off, OpenAICompatible)
+    assert off.request_body(tools_span)["thinking"] == {"type": "disabled"}
+    assert "reasoning_content" not in off.request_body(tools_span)["messages"][1]
+    monkeypatch.setenv("ANDON_API_KEY", "proxy-key")
+    keyed = from_spec("deepseek+https://llm.example.org/deepseek#deepseek-v4-pro")
+    assert isinstance(keyed, OpenAICompatible)
+    assert keyed._headers()["Authorization"] == "Bearer proxy-key"
+
+
+def test_model_names_with_colons_stay_untouched() -> None:
+    # Why the provider goes before the URL, not into the model part: names contain ':'.
+    model = from_spec("http://127.0.0.1:11434/v1#qwen3:8b")
+    assert model.info.name == "qwen3:8b" and model.info.provider == "openai-compatible"
+    named = from_spec("deepseek+http://127.0.0.1:11434/v1#deepseek-r1:8b")
+    assert named.info.name == "deepseek-r1:8b" and named.info.provider == "deepseek"
+    plus = from_spec("http://127.0.0.1:8000/a+b/v1#m")  # a '+' inside a URL is only a URL
+    assert plus.info.provider == "openai-compatible"
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ("deepseek+", "deepseek+ must be followed by an http:// or https:// base URL"),
+        ("deepseek+ftp://host/v1#m", "deepseek+ must be followed by an http:// or https://"),
+        ("deepseek+127.0.0.1:30000/v1#m", "deepseek+ must be followed by an http:// or https://"),
+        ("deepseek+http://127.0.0.1:30000/v1", "a URL needs #MODEL after it"),
+        ("deepseek+http://127.0.0.1:30000/v1#", "the part after # must name the model"),
+        ("vllm+http://127.0.0.1:8000/v1#m", "'vllm' is not a provider a URL can name"),
+        ("deepseek:http://127.0.0.1:8000/v1#m", "(or deepseek+ and such a URL)"),
+    ],
+)
+def test_bad_provider_specs_are_one_line_naming_the_spec_and_the_forms(spec: str, why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_spec(spec)
+    message = str(info.value)
+    assert "\n" not in message
+    assert repr(spec) in message and why in message
+    assert "deepseek+URL#MODEL" in message and message.endswith(SPEC_FORMS)
+
+
+def test_thinking_is_still_refused_for_a_plain_url() -> None:
+    with pytest.raises(ConfigError, match=r"deepseek\+URL#MODEL"):
+        from_spec("http://127.0.0.1:8000/v1#deepseek-v4-flash", thinking=True)

@@ -4,7 +4,13 @@ what to do.
 Three sources (llm.md, Errors and retries): an HTTP error status (with the server's JSON error body
 and ``Retry-After``), an ``{"error": {...}}`` payload inside the stream, and a transport failure
 raised by httpx. Every message that quotes the server goes through :func:`scrub` first, so an API
-key echoed back by a server ("Incorrect API key provided: sk-...") never reaches an error.
+key echoed back by a server ("Incorrect API key provided: sk-...") never reaches an error (nor does
+a lone surrogate, which the session log could not write).
+
+One HTTP 400 gets its own advice: DeepSeek's "The `reasoning_content` in the thinking mode must be
+passed back to the API". andon sends that reasoning itself (``_request``), so the 400 means a bug
+in andon, a proxy that strips the field, or a DeepSeek endpoint the spec does not name as one; it
+is a ``BAD_REQUEST`` like any 400 (retrying cannot help) but says which.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from typing import Any, Final
 import httpx
 
 from andon.base import ErrorCode, ModelError
+from andon.llm._request import DEEPSEEK
 from andon.llm._retry import code_for_status
+from andon.llm._wire import valid_text
 
 __all__ = ["Context", "payload_error", "scrub", "status_error", "transport_error"]
 
@@ -45,13 +53,15 @@ _NAMED_CODES: Final[tuple[tuple[str, ErrorCode], ...]] = (
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What an error message may name: the endpoint, the model and the key's variable."""
+    """What an error message may name: the endpoint, the model, the key's variable and the
+    provider the spec named."""
 
     url: str
     model: str
     key_env: str | None
     key_sent: bool
     secret: str | None  # only ever used to remove the key from quoted server text
+    provider: str = "openai-compatible"
 
     def key_advice(self) -> str:
         if self.key_env is None:
@@ -62,7 +72,8 @@ class Context:
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """``text`` without the API key (and cut to a readable length)."""
+    """``text`` without the API key (and cut to a readable length, and valid to log)."""
+    text = valid_text(text)
     if secret:
         text = text.replace(secret, "***")
     text = " ".join(text.split())
@@ -121,8 +132,28 @@ def status_error(
                 hint = f"; check the model name {context.model!r} and the base URL"
             elif 300 <= status < 400:
                 hint = "; the base URL redirects: use the final URL"
+            elif status == 400 and "reasoning_content" in said.lower():
+                hint = _reasoning_advice(context.provider)
             message = f"the model API rejected the request ({head}: {said}){hint}"
     return ModelError(code, message, status=status, retry_after=retry_after)
+
+
+def _reasoning_advice(provider: str) -> str:
+    """What to do about DeepSeek's 400 for reasoning that was not passed back."""
+    if provider == DEEPSEEK:
+        return (
+            "; DeepSeek's thinking mode needs the reasoning of every span that used tools "
+            "passed back (reasoning_content on each of its assistant messages, in every later "
+            "request): this is a bug in andon, or in a proxy between andon and the API that "
+            "strips that field; --thinking off (thinking=False) avoids it"
+        )
+    return (
+        "; this looks like DeepSeek's thinking mode, which needs the reasoning of every span "
+        "that used tools passed back, but andon passes reasoning back only to a DeepSeek "
+        "provider: name it in the spec (deepseek+URL#MODEL, e.g. "
+        "deepseek+http://127.0.0.1:30000/v1#deepseek-v4-flash), or turn thinking off on the "
+        "server"
+    )
 
 
 def payload_error(error: object, secret: str | None) -> ModelError:

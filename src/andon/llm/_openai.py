@@ -92,9 +92,10 @@ class OpenAICompatible:
 
     ``api_key_env`` names the environment variable holding the key (read now; ``None`` sends no
     key); a missing key raises :class:`~andon.base.ConfigError` naming the variable unless
-    ``api_key_required`` is false. ``provider="deepseek"`` sends ``thinking`` explicitly (``None``
-    means on, the API's default) and passes reasoning back as DeepSeek requires; other providers
-    never get reasoning back. Timeouts are seconds or ``None``: ``connect`` (transport level),
+    ``api_key_required`` is false. ``provider="deepseek"`` (at any base URL: the API, a proxy, a
+    self-hosted V4) sends ``thinking`` explicitly (``None`` means on, the API's default) and, with
+    thinking on, passes reasoning back as DeepSeek requires; other providers never get reasoning
+    back. Timeouts are seconds or ``None``: ``connect`` (transport level),
     ``first_content`` (from sending the request to the first data event), ``idle`` (between data
     events; keep-alive comments do not count) and ``total`` (per attempt); the last three run on
     ``clock``. Failures are retried per ``retry_policy`` (default: ``RetryPolicy(max_retries)``)
@@ -246,6 +247,7 @@ class OpenAICompatible:
             key_env=self._key_env,
             key_sent=key is not None,
             secret=key,
+            provider=self._provider,
         )
 
     # --- the stream -----------------------------------------------------------------------------

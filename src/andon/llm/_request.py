@@ -1,18 +1,28 @@
 """The request builder: a :class:`~andon.llm.ModelRequest` becomes an OpenAI chat-completions body.
 
 The messages are OpenAI chat dicts as ``andon.session.history`` produces them (an optional leading
-``system`` message, then ``user``, ``assistant`` and ``tool`` messages). They pass through as they
-are, with one per-provider change: what happens to an assistant message's ``reasoning_content``.
+``system`` message, then ``user``, ``assistant`` and ``tool`` messages; the fold keeps
+``reasoning_content`` on every assistant message, ``""`` when it had none). They pass through as
+they are, with one per-provider change: what happens to an assistant message's
+``reasoning_content`` (llm.md, Wire format → Reasoning).
 
-* DeepSeek thinking mode **requires** the reasoning of every assistant message in a span between
-  two user messages in which the model called tools, in every later request, even when that
-  reasoning is empty; otherwise the API answers HTTP 400 ("The reasoning_content in the thinking
-  mode must be passed back to the API"). Reasoning of a span without tool calls is not needed (the
-  API ignores it), so it is left out to keep requests small. The span that follows the last user
-  message is the case llm.md spells out; earlier spans with tool calls keep their reasoning too,
-  because DeepSeek's guide says it must be passed back "in all subsequent requests".
-* Every other provider gets no ``reasoning_content`` at all: it is not part of the OpenAI format,
-  and strict servers reject unknown message fields.
+* DeepSeek with thinking on (the V4 rule, DeepSeek's "Thinking Mode → Tool Calls"): split the
+  messages into *spans* at every ``user`` message. In every span in which the model made a tool
+  call, **every** assistant message goes back with its ``reasoning_content`` (``""`` when it had
+  none) — in this and in every later request, also after later user messages and however long
+  ago the span was. Otherwise the API answers HTTP 400 ("The reasoning_content in the thinking
+  mode must be passed back to the API"). Reasoning of a span without tool calls is left out: the
+  API ignores it, and leaving it out keeps requests small.
+
+  A ``steer`` or ``inject`` delivered inside a turn is a ``user`` message in the history, so it
+  splits the turn into two spans, and the tool-using span before it keeps its reasoning. (The
+  V3.2-era rule kept only the span after the *last* user message; with it, every request after
+  such a second user message failed.) ``system`` and ``tool`` messages never split a span: a
+  leading system message belongs to the first span and changes nothing, since only assistant
+  messages carry reasoning.
+* DeepSeek with thinking off (``thinking=False``), and every other provider: no
+  ``reasoning_content`` at all. It is not part of the OpenAI format, strict servers reject
+  unknown message fields, and without thinking DeepSeek has no reasoning to continue.
 """
 
 from __future__ import annotations
@@ -31,20 +41,30 @@ _REASONING: Final = "reasoning_content"
 
 
 def reasoning_needed(messages: Sequence[dict[str, Any]]) -> list[bool]:
-    """For each message, whether DeepSeek needs its ``reasoning_content`` sent back.
+    """For each message, whether DeepSeek (thinking on) needs its ``reasoning_content`` back.
 
-    llm.md's rule: once the model has made tool calls since the last user message, every
-    assistant message of that span (after the last user message) goes back with its reasoning,
-    even when empty. Reasoning of earlier spans, or of a span without tool calls, is not sent.
+    The V4 rule of the module docstring: an assistant message is needed exactly when its span —
+    the messages between two ``user`` messages (or the start or end of the list) — contains an
+    assistant message with tool calls. Every other message is not.
     """
     needed = [False] * len(messages)
-    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-    span = [
-        i for i in range(last_user + 1, len(messages)) if messages[i].get("role") == "assistant"
-    ]
-    if any(messages[i].get("tool_calls") for i in span):
-        for i in span:
-            needed[i] = True
+    span: list[int] = []  # the assistant messages of the current span
+    called = False  # whether one of them made tool calls
+
+    def close() -> None:
+        if called:
+            for i in span:
+                needed[i] = True
+
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "user":
+            close()
+            span, called = [], False
+        elif role == "assistant":
+            span.append(index)
+            called = called or bool(message.get("tool_calls"))
+    close()
     return needed
 
 
@@ -59,13 +79,13 @@ def build_request_body(
     """The JSON body of ``POST {base_url}/chat/completions`` for ``request``.
 
     ``thinking`` is sent for DeepSeek only, always explicitly (``None`` means the API's own
-    default, which is on). ``max_tokens`` is sent as ``max_completion_tokens`` to OpenAI (its
-    reasoning models reject the older name) and as ``max_tokens`` elsewhere. An empty tool list is
-    left out, since some servers reject ``"tools": []``. The request's dicts are copied, never
-    changed.
+    default, which is on); reasoning goes back per :func:`reasoning_needed` only while it is on.
+    ``max_tokens`` is sent as ``max_completion_tokens`` to OpenAI (its reasoning models reject
+    the older name) and as ``max_tokens`` elsewhere. An empty tool list is left out, since some
+    servers reject ``"tools": []``. The request's dicts are copied, never changed.
     """
     deepseek = provider == DEEPSEEK
-    needed = reasoning_needed(request.messages) if deepseek else None
+    needed = reasoning_needed(request.messages) if deepseek and thinking is not False else None
     messages: list[dict[str, Any]] = []
     for index, original in enumerate(request.messages):
         message = dict(original)

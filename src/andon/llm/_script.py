@@ -6,6 +6,11 @@ raises :class:`~andon.base.ScriptInvalid` naming the reply index and the field.
 :class:`~andon.llm.Scripted` plays the values in-process; ``andon.testing.MockModelServer`` serves
 the same values over HTTP and validates its own extra fields with the parser's field checks, so
 both report a mistake alike.
+
+Two things a script may say are made to match what the HTTP adapter makes of the wire: every
+string is :func:`~andon.llm._wire.valid_text` (a lone surrogate becomes U+FFFD, as the adapter
+makes it, so a script cannot put text into a turn that the session log refuses), and ``usage`` is a
+chat-completions usage object in either provider's shape, read by the adapter's own rule.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from andon.llm._types import (
     ToolCallDelta,
     Usage,
 )
+from andon.llm._wire import usage_from_wire, valid_text
 
 __all__ = [
     "ScriptFailure",
@@ -49,7 +55,23 @@ _REPLY_FIELDS: Final = (
     "error",
 )
 _TOOL_CALL_FIELDS: Final = ("name", "arguments", "id")
-_USAGE_FIELDS: Final = ("prompt_tokens", "completion_tokens")
+_USAGE_REQUIRED: Final = ("prompt_tokens", "completion_tokens")
+_USAGE_COUNTS: Final = (
+    *_USAGE_REQUIRED,
+    "total_tokens",
+    "prompt_cache_hit_tokens",  # DeepSeek
+    "prompt_cache_miss_tokens",  # DeepSeek
+)
+_USAGE_DETAILS: Final = {  # the counts andon reads first; the others are OpenAI's, passed along
+    "prompt_tokens_details": ("cached_tokens", "audio_tokens"),
+    "completion_tokens_details": (
+        "reasoning_tokens",
+        "audio_tokens",
+        "accepted_prediction_tokens",
+        "rejected_prediction_tokens",
+    ),
+}
+_USAGE_FIELDS: Final = (*_USAGE_COUNTS, *_USAGE_DETAILS)
 _ERROR_FIELDS: Final = ("status", "retry_after", "message", "code")
 _FINISHES: Final[tuple[FinishReason, ...]] = ("stop", "tool_calls", "length")
 _MODEL_CODES: Final = {code.value: code for code in MODEL_ERROR_CODES}
@@ -117,6 +139,17 @@ class ScriptReply:
 
 def _split(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _valid_strings(value: Any) -> Any:
+    """``value`` (decoded JSON-like data) with every string, keys included, made valid text."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, Mapping):
+        return {_valid_strings(k): _valid_strings(v) for k, v in value.items()}
+    if _is_list(value):
+        return [_valid_strings(item) for item in value]
+    return value
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -203,10 +236,10 @@ class ScriptParser:
                 self.fail(index, f"{prefix}{key}", f"unknown field; expected {', '.join(known)}")
 
     def string(self, index: int, field: str, value: object) -> str:
-        """``value`` if it is a string."""
+        """``value`` if it is a string (lone surrogates replaced by U+FFFD)."""
         if not isinstance(value, str):
             self.fail(index, field, f"must be a string, got {_kind(value)}")
-        return value
+        return valid_text(value)
 
     def integer(self, index: int, field: str, value: object, *, minimum: int) -> int:
         """``value`` if it is an integer (not a bool) of at least ``minimum``."""
@@ -245,13 +278,16 @@ class ScriptParser:
         if not name:
             self.fail(index, f"{field}.name", "must not be empty")
         arguments = raw.get("arguments", {})
-        if isinstance(arguments, Mapping):
+        if isinstance(arguments, str):
+            arguments = valid_text(arguments)
+        elif isinstance(arguments, Mapping):
             try:
-                arguments = json.dumps(dict(arguments), allow_nan=False)
+                arguments = json.dumps(_valid_strings(dict(arguments)), allow_nan=False)
             except (TypeError, ValueError) as exc:  # a YAML date, a NaN ...
                 self.fail(index, f"{field}.arguments", f"cannot be encoded as JSON: {exc}")
-        elif not isinstance(arguments, str):
-            # A string passes through untouched, so a script can send invalid JSON on purpose.
+        else:
+            # A string passes through (only made valid text), so a script can send invalid
+            # JSON on purpose.
             self.fail(
                 index,
                 f"{field}.arguments",
@@ -261,19 +297,39 @@ class ScriptParser:
         provider_id = raw.get("id", f"call_{index}_{i}")
         if not isinstance(provider_id, str) or not provider_id:
             self.fail(index, f"{field}.id", f"must be a non-empty string, got {provider_id!r}")
-        return ScriptToolCall(provider_id=provider_id, name=name, arguments=arguments)
+        return ScriptToolCall(provider_id=valid_text(provider_id), name=name, arguments=arguments)
 
     def usage(self, index: int, raw: object) -> Usage:
-        """A reply's ``usage`` mapping (both counts required)."""
+        """A reply's ``usage``: a chat-completions usage object, as a provider sends it.
+
+        ``prompt_tokens`` and ``completion_tokens`` are required; optional are ``total_tokens``,
+        DeepSeek's ``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``, OpenAI's
+        ``prompt_tokens_details: {cached_tokens, audio_tokens}`` and (both)
+        ``completion_tokens_details: {reasoning_tokens, ...}``. Every count is an integer >= 0.
+        The :class:`Usage` is the one the HTTP adapter would make of the same object.
+        """
         if not isinstance(raw, Mapping):
             self.fail(index, "usage", f"must be a mapping, got {_kind(raw)}")
         self.known_fields(index, "usage.", raw, _USAGE_FIELDS)
-        counts: list[int] = []
-        for name in _USAGE_FIELDS:
+        for name in _USAGE_REQUIRED:
             if name not in raw:
                 self.fail(index, f"usage.{name}", "missing")
-            counts.append(self.integer(index, f"usage.{name}", raw[name], minimum=0))
-        return Usage(prompt_tokens=counts[0], completion_tokens=counts[1])
+        for name in _USAGE_COUNTS:
+            if name in raw:
+                self.integer(index, f"usage.{name}", raw[name], minimum=0)
+        for group, names in _USAGE_DETAILS.items():
+            if group not in raw:
+                continue
+            details = raw[group]
+            if not isinstance(details, Mapping):
+                self.fail(index, f"usage.{group}", f"must be a mapping, got {_kind(details)}")
+            self.known_fields(index, f"usage.{group}.", details, names)
+            for name in names:
+                if name in details:
+                    self.integer(index, f"usage.{group}.{name}", details[name], minimum=0)
+        usage = usage_from_wire(raw)
+        assert usage is not None  # both base counts were checked above
+        return usage
 
     def error(self, index: int, raw: object) -> ScriptFailure:
         """A reply's ``error`` mapping: a status, a model error code, or both (the code wins)."""

@@ -52,11 +52,12 @@ class Scripted:
     (``[{name, arguments, id?}]``; mapping arguments are sent as JSON, a string as is),
     ``chunk_size`` (characters per streamed fragment, default 16), ``chunk_delay`` (seconds
     between chunks on ``clock``, default 0), ``finish`` (``stop`` | ``tool_calls`` | ``length``;
-    default ``tool_calls`` when there are tool calls, else ``stop``), ``usage``
-    (``{prompt_tokens, completion_tokens}``), ``stall_after_chunks`` (stream that many content
-    fragments, then nothing — no usage, no finish — until the request is aborted), or
-    ``error`` (``{status?, code?, retry_after?, message?}``: the request fails instead of
-    streaming).
+    default ``tool_calls`` when there are tool calls, else ``stop``), ``usage`` (a provider's
+    usage object: ``{prompt_tokens, completion_tokens}`` plus, optionally, DeepSeek's cache
+    counts or OpenAI's details; see :meth:`ScriptParser.usage`), ``stall_after_chunks`` (stream
+    that many content fragments, then nothing — no usage, no finish — until the request is
+    aborted), or ``error`` (``{status?, code?, retry_after?, message?}``: the request fails
+    instead of streaming). Strings are made valid text: a lone surrogate becomes U+FFFD.
 
     A failed attempt whose code is retryable is retried like the HTTP adapter does: after the
     retry policy's delay, the next reply answers the next attempt, at most ``max_retries`` times.

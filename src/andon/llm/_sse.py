@@ -5,6 +5,12 @@ httpx-sse's business) and keeps the little state a reply needs: which provider t
 maps to which of ours, the finish reason and the latest usage. It never indexes ``choices[0]``
 blindly: usage-only chunks have ``choices: []``, and a choice other than index 0 (``n > 1``, never
 requested) is ignored. Roles may appear, or be ``null``, in any delta; they carry nothing.
+
+Text is made safe to log as it is parsed (``_wire.valid_text``): a lone UTF-16 surrogate (a JSON
+``"\\ud83d"`` escape from a proxy that slices text by UTF-16 index) becomes U+FFFD instead of
+failing the turn. Because such a proxy splits a pair *between* two deltas, a delta of ``content``,
+``reasoning_content`` or a call's ``arguments`` that ends in the first half of a pair holds that
+half back until the next delta of the same field; if the reply finishes first, it becomes U+FFFD.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from andon.llm._types import (
     ToolCallDelta,
     Usage,
 )
+from andon.llm._wire import REPLACEMENT, ends_in_high_surrogate, usage_from_wire, valid_text
 
 __all__ = ["DONE", "StreamParser"]
 
@@ -45,30 +52,21 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _usage(raw: Mapping[str, Any]) -> Usage | None:
-    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
-    if (
-        isinstance(prompt, int)
-        and isinstance(completion, int)
-        and _is_int(prompt)
-        and _is_int(completion)
-        and prompt >= 0
-        and completion >= 0
-    ):
-        return Usage(prompt_tokens=prompt, completion_tokens=completion)
-    return None  # accounting is optional; a strange usage object never fails a reply
+_TEXT: Final = -1  # keys of the held-back surrogate halves: these two, or a call's dense index
+_REASONING: Final = -2
 
 
 class StreamParser:
     """Turns data payloads into chunks; raises :class:`ModelError` for errors in the stream."""
 
-    __slots__ = ("_calls", "_has_id", "_last_key", "_secret", "finish", "usage")
+    __slots__ = ("_calls", "_has_id", "_held", "_last_key", "_secret", "finish", "usage")
 
     def __init__(self, secret: str | None = None) -> None:
         self._secret = secret
         self._calls: dict[int, int] = {}  # provider index -> our dense index, in first-seen order
         self._has_id: set[int] = set()
         self._last_key: int | None = None
+        self._held: dict[int, str] = {}  # field -> a trailing high surrogate awaiting its pair
         self.finish: FinishReason | None = None
         self.usage: Usage | None = None
 
@@ -85,7 +83,8 @@ class StreamParser:
             raise payload_error(error, self._secret)
         usage = payload.get("usage")
         if isinstance(usage, Mapping):
-            self.usage = _usage(usage) or self.usage
+            # Accounting is optional: a strange usage object never fails a reply.
+            self.usage = usage_from_wire(usage) or self.usage
         choices = payload.get("choices")
         if choices is None:
             return []
@@ -105,7 +104,30 @@ class StreamParser:
             reason = choice.get("finish_reason")
             if reason is not None:
                 self._finish(reason)
+        if self.finish is not None and self._held:
+            self._flush(out)
         return out
+
+    def _text(self, field: int, piece: str) -> str:
+        """``piece`` made valid, after the half pair held back for ``field``, minus a new one."""
+        held = self._held.pop(field, None)
+        if held is not None:
+            piece = held + piece
+        if ends_in_high_surrogate(piece):
+            self._held[field] = piece[-1]
+            piece = piece[:-1]
+        return valid_text(piece)
+
+    def _flush(self, out: list[Chunk]) -> None:
+        """The reply finished: a half pair still held back had no partner, so it is lone."""
+        for field in sorted(self._held):  # reasoning (-2), text (-1), then the calls in order
+            if field == _REASONING:
+                out.append(ReasoningDelta(REPLACEMENT))
+            elif field == _TEXT:
+                out.append(TextDelta(REPLACEMENT))
+            else:
+                out.append(ToolCallDelta(field, None, None, REPLACEMENT))
+        self._held.clear()
 
     def _delta(self, delta: Mapping[str, Any], out: list[Chunk]) -> None:
         # DeepSeek says reasoning_content; vLLM and Ollama's OpenAI layer say reasoning.
@@ -113,9 +135,13 @@ class StreamParser:
         if reasoning is None:
             reasoning = delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
-            out.append(ReasoningDelta(reasoning))
+            reasoning = self._text(_REASONING, reasoning)
+            if reasoning:
+                out.append(ReasoningDelta(reasoning))
         content = delta.get("content")
         if isinstance(content, str):
+            if content:
+                content = self._text(_TEXT, content)
             if content:
                 out.append(TextDelta(content))
         elif content is not None:
@@ -137,8 +163,7 @@ class StreamParser:
         if not isinstance(function, Mapping):
             _malformed("a tool call's 'function' is not a JSON object")
         name = function.get("name")
-        if not (isinstance(name, str) and name):
-            name = None
+        name = valid_text(name) if isinstance(name, str) and name else None
         key = call.get("index")
         if key is None:
             # A server that omits the index sends each call whole: a name starts a new call, a
@@ -160,12 +185,18 @@ class StreamParser:
         provider_id = call.get("id")
         if not (isinstance(provider_id, str) and provider_id):
             provider_id = None
+        else:
+            provider_id = valid_text(provider_id)
 
         ours = self._calls.get(key)
+        first = ours is None
         if ours is None:
             if name is None:
                 _malformed(f"tool call {len(self._calls)} arrived without a name")
             ours = self._calls[key] = len(self._calls)
+        if arguments:
+            arguments = self._text(ours, arguments)
+        if first:
             if provider_id is not None:
                 self._has_id.add(ours)
             out.append(ToolCallDelta(ours, provider_id, name, arguments))

@@ -89,15 +89,30 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts of the request, as the provider reported them."""
+    """Token counts of the request, as the provider reported them.
+
+    The optional counts are ``None`` where the provider does not report them (never guessed as
+    0): ``cached_prompt_tokens`` and ``uncached_prompt_tokens`` split ``prompt_tokens`` into the
+    part served from the provider's prompt cache and the rest (DeepSeek bills them at different
+    prices); ``reasoning_tokens`` is the part of ``completion_tokens`` spent on reasoning.
+    """
 
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int | None = None
+    uncached_prompt_tokens: int | None = None
+    reasoning_tokens: int | None = None
     type: ClassVar[Literal["usage"]] = "usage"
 
     def to_dict(self) -> dict[str, int]:
-        """The ``usage`` field of an ``assistant/message`` record."""
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        """The ``usage`` field of an ``assistant/message`` record: the two base counts always,
+        each optional count only when it is known."""
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        for name in ("cached_prompt_tokens", "uncached_prompt_tokens", "reasoning_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,12 +8,17 @@ serves what only a server can do wrong (each documented in docs/models.md): keep
 stalls before headers or mid-stream, truncated bodies, malformed chunks, ``{"error": …}`` events,
 dropped connections and the two failing finish reasons.
 
+With ``strict_reasoning=True`` (``--strict-reasoning`` of :func:`main`) it also enforces DeepSeek
+V4's thinking-mode rule the way the real API does: a request with thinking on whose messages hold a
+tool-using span with an assistant message lacking ``reasoning_content`` is answered HTTP 400 with
+DeepSeek's error body (see :class:`MockModelServer`).
+
 The server runs its own event loop in one thread, so it works from synchronous code
 (``with MockModelServer(...)``, ``andon mock-model``) and from async tests (``async with``) alike,
 and a client's measurements are not skewed by server work on the client's loop. Stopping cancels
 every connection handler and joins the thread: nothing is left behind.
 
-This module is long (about 800 lines) because it holds a whole test double in one place: the
+This module is long (about 900 lines) because it holds a whole test double in one place: the
 validation of the server-only reply options, the HTTP/SSE answers that realise them, and
 ``main``; each option is defined by its validation and its wire behaviour together.
 """
@@ -94,6 +99,7 @@ class _ServerReply:
     stall_before_headers: bool = False
     disconnect: bool = False
     raw_events: tuple[bytes, ...] | None = None
+    usage_wire: dict[str, Any] | None = None  # the script's usage object, sent as it is written
 
 
 def _parse_replies(raw: object, source: str | None) -> tuple[_ServerReply, ...]:
@@ -156,6 +162,9 @@ def _parse_reply(parser: ScriptParser, index: int, raw: object) -> _ServerReply:
         )
     if "raw_events" in server:
         options["raw_events"] = _raw_events(parser, index, server["raw_events"])
+    if base.usage is not None:
+        # Validated by the parser; a JSON round trip makes it plain dicts (YAML may nest others).
+        options["usage_wire"] = json.loads(json.dumps(rest["usage"]))
     return _ServerReply(base=base, finish=finish or base.finish, **options)
 
 
@@ -244,6 +253,49 @@ def _error_body(message: str, kind: str, code: str | None = None) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+_REASONING_REQUIRED: Final = (
+    "The `reasoning_content` in the thinking mode must be passed back to the API."
+)
+"""The message of DeepSeek's HTTP 400 when a tool-using span's reasoning is missing."""
+
+
+def _thinking_enabled(body: Mapping[str, Any]) -> bool:
+    """Whether a request body asks for DeepSeek's thinking mode: ``thinking`` absent (the API's
+    default is on) or ``{"type": "enabled"}``."""
+    thinking = body.get("thinking")
+    return thinking is None or (isinstance(thinking, Mapping) and thinking.get("type") == "enabled")
+
+
+def _missing_reasoning(messages: object) -> int | None:
+    """The index of the first assistant message that DeepSeek V4 would reject for lacking
+    ``reasoning_content`` (a string; ``""`` counts), or ``None`` if there is none.
+
+    The rule, stated independently of andon's request builder: a span is the messages between two
+    ``user`` messages (or the start or end of the list); a span is tool-using when one of its
+    assistant messages has non-empty ``tool_calls``; every assistant message of a tool-using span
+    must carry its reasoning. ``system`` and ``tool`` messages do not end a span.
+    """
+    if not isinstance(messages, list):
+        return None
+    spans: list[list[Mapping[str, Any]]] = [[]]
+    positions: list[list[int]] = [[]]
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            continue
+        if message.get("role") == "user":
+            spans.append([])
+            positions.append([])
+        elif message.get("role") == "assistant":
+            spans[-1].append(message)
+            positions[-1].append(index)
+    for span, where in zip(spans, positions, strict=True):
+        if any(m.get("tool_calls") for m in span):
+            for message, index in zip(span, where, strict=True):
+                if not isinstance(message.get("reasoning_content"), str):
+                    return index
+    return None
+
+
 def _seconds_header(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
@@ -283,6 +335,24 @@ class MockModelServer:
     is exhausted. Every request is recorded (:attr:`requests`). Use it as ``with`` or
     ``async with``, or call :meth:`start` / :meth:`stop`. The script is validated here, naming the
     reply index and field of any mistake (:class:`~andon.base.ScriptInvalid`).
+
+    Replies stream DeepSeek-style: a reply's ``reasoning`` as ``reasoning_content`` deltas, then
+    ``content``, then ``tool_calls``. A reply's ``usage`` is a chat-completions usage object sent
+    as written (``total_tokens`` added when absent), so it may take DeepSeek's shape
+    (``prompt_cache_hit_tokens``, ``prompt_cache_miss_tokens``,
+    ``completion_tokens_details.reasoning_tokens``) or OpenAI's
+    (``prompt_tokens_details.cached_tokens``); it rides on the finish chunk unless the reply says
+    ``usage_chunk: separate``.
+
+    ``strict_reasoning=True`` enforces DeepSeek V4's thinking-mode rule
+    on every request whose ``thinking`` is absent or ``{"type": "enabled"}``: if a span between two
+    user messages has an assistant message with tool calls and any assistant message of that span
+    lacks a string ``reasoning_content``, the answer is HTTP 400 with DeepSeek's body
+    ``{"error": {"message": "The `reasoning_content` in the thinking mode must be passed back to
+    the API.", "type": "invalid_request_error", "param": null, "code": "invalid_request_error"}}``.
+    Such a request is recorded and counted (:attr:`rejected`) but consumes no reply, as the real
+    API rejects it before any model runs. Off by default: the rule is DeepSeek's, not every
+    server's.
     """
 
     def __init__(
@@ -292,10 +362,13 @@ class MockModelServer:
         host: str = "127.0.0.1",
         port: int = 0,
         source: str | None = None,
+        strict_reasoning: bool = False,
     ) -> None:
         self._replies = _parse_replies(replies, source)
         self._host = host
         self._port = port
+        self._strict_reasoning = strict_reasoning
+        self._rejected = 0
         self._cursor = 0
         self._requests: list[RecordedRequest] = []
         self._client_closes = 0
@@ -314,11 +387,16 @@ class MockModelServer:
 
     @classmethod
     def from_file(
-        cls, path: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        strict_reasoning: bool = False,
     ) -> MockModelServer:
         """A server for a YAML or JSON script file (``{"replies": [...]}`` or a bare list)."""
         replies, name = _load_file(path)
-        return cls(replies, host=host, port=port, source=name)
+        return cls(replies, host=host, port=port, source=name, strict_reasoning=strict_reasoning)
 
     # --- what tests read ------------------------------------------------------------------------
 
@@ -347,6 +425,11 @@ class MockModelServer:
     @property
     def remaining(self) -> int:
         return len(self._replies) - self._cursor
+
+    @property
+    def rejected(self) -> int:
+        """How many requests ``strict_reasoning`` refused with DeepSeek's HTTP 400."""
+        return self._rejected
 
     @property
     def client_closes(self) -> int:
@@ -579,18 +662,30 @@ class MockModelServer:
             body: Any = json.loads(request.body)
         except ValueError:
             body = None
+        refuse = (
+            self._strict_reasoning
+            and isinstance(body, dict)
+            and _thinking_enabled(body)
+            and _missing_reasoning(body.get("messages")) is not None
+        )
         with self._lock:
             self._requests.append(
                 RecordedRequest(request.method, path, request.headers, body, request.body)
             )
             reply = None
             streaming = isinstance(body, dict) and body.get("stream") is True
-            if streaming and self._cursor < len(self._replies):
+            if refuse:
+                self._rejected += 1
+            elif streaming and self._cursor < len(self._replies):
                 reply = self._replies[self._cursor]
                 self._cursor += 1
         self._changed()
         if not isinstance(body, dict):
             await self._send(writer, 400, _error_body("the body is not a JSON object", "invalid"))
+            return keep
+        if refuse:
+            kind = "invalid_request_error"
+            await self._send(writer, 400, _error_body(_REASONING_REQUIRED, kind, kind))
             return keep
         if body.get("stream") is not True:
             message = "the mock model server only streams: send stream: true"
@@ -776,10 +871,12 @@ def _closing_events(reply: _ServerReply, model: str, *, first: bool) -> list[dic
     """The finish chunk, with usage on it or in a separate empty-choices chunk after it."""
     usage = reply.base.usage
     usage_json = None
-    if usage is not None:
+    if usage is not None and reply.usage_wire is not None:
         usage_json = {
-            **usage.to_dict(),
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            **reply.usage_wire,
+            "total_tokens": reply.usage_wire.get(
+                "total_tokens", usage.prompt_tokens + usage.completion_tokens
+            ),
         }
     delta: dict[str, Any] = {"role": "assistant"} if first else {"content": ""}
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reply.finish}
@@ -796,7 +893,8 @@ def _closing_events(reply: _ServerReply, model: str, *, first: bool) -> list[dic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``andon mock-model --script FILE [--port N] [--host H]``: serve until SIGINT or SIGTERM.
+    """``andon mock-model --script FILE [--port N] [--host H] [--strict-reasoning]``: serve until
+    SIGINT or SIGTERM (``--strict-reasoning``: see ``strict_reasoning`` of the class).
 
     The first line on stdout is the base URL (``http://127.0.0.1:PORT/v1``). Exit status 0 after
     a signal, 2 for a bad script, 1 if the port cannot be bound.
@@ -808,9 +906,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--script", required=True, help="YAML or JSON script of replies")
     parser.add_argument("--port", type=int, default=0, help="port (default: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
+    parser.add_argument(
+        "--strict-reasoning",
+        action="store_true",
+        help="answer HTTP 400 like DeepSeek V4 when a tool-using span's reasoning_content is "
+        "missing (requests with thinking on)",
+    )
     args = parser.parse_args(argv)
     try:
-        server = MockModelServer.from_file(args.script, host=args.host, port=args.port)
+        server = MockModelServer.from_file(
+            args.script, host=args.host, port=args.port, strict_reasoning=args.strict_reasoning
+        )
     except ConfigError as exc:
         print(f"andon mock-model: {exc}", file=sys.stderr)
         return 2
