@@ -66,12 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
+    source = "a session folder, a session id, or a log file (read as it is; the saved output of "
+    source += "'andon run --json' too)"
     log = sub.add_parser("log", help="show a session's transcript")
-    log.add_argument("session", metavar="DIR", help="a session folder, or a session id")
+    log.add_argument("session", metavar="DIR|FILE", help=source)
     log.add_argument("--json", action="store_true", help="one JSON record per line")
 
     check = sub.add_parser("check", help="check a session log's invariants")
-    check.add_argument("session", metavar="DIR")
+    check.add_argument("session", metavar="DIR|FILE", help=source)
 
     repair = sub.add_parser("repair", help="repair a session whose last run crashed")
     repair.add_argument("session", metavar="DIR")
@@ -101,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     mock = sub.add_parser("mock-model", help="serve a scripted OpenAI-compatible model")
     mock.add_argument("--script", required=True, metavar="FILE", help="YAML or JSON replies")
     mock.add_argument("--port", type=int, default=0, help="port (default: any free port)")
+    mock.add_argument(
+        "--strict-reasoning",
+        action="store_true",
+        help="answer HTTP 400 as DeepSeek V4 does when a tool-using span's reasoning is missing",
+    )
     return parser
 
 
@@ -171,6 +178,21 @@ def _session_dir(value: str) -> Path:
     return path
 
 
+def _log_source(value: str) -> Path:
+    """What ``log`` and ``check`` read: a regular file as it is (an ``events.jsonl``, or saved
+    ``andon run --json`` output, whose live-only lines the reader skips), else a session folder
+    or id. A file is only ever read: never locked, never repaired."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    try:
+        return _session_dir(value)
+    except NotADirectoryError:
+        if path.exists():
+            raise
+        raise FileNotFoundError(2, "no such file, session folder or session id", value) from None
+
+
 def _check_new_session(path: Path) -> None:
     """``--session DIR`` for a new session: andon creates DIR, never the folders above it."""
     if path.exists() and not path.is_dir():
@@ -186,9 +208,9 @@ def _check_new_session(path: Path) -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     match args.command:
         case "log":
-            return _log(_session_dir(args.session), as_json=args.json)
+            return _log(_log_source(args.session), as_json=args.json)
         case "check":
-            return _check(_session_dir(args.session))
+            return _check(_log_source(args.session))
         case "repair":
             return _repair(_session_dir(args.session), dry_run=args.dry_run)
         case "sessions":
@@ -210,7 +232,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         case "mock-model":
             from andon.testing import mock_model_main
 
-            return mock_model_main(["--script", args.script, "--port", str(args.port)])
+            argv = ["--script", args.script, "--port", str(args.port)]
+            return mock_model_main(argv + (["--strict-reasoning"] if args.strict_reasoning else []))
     raise AssertionError(f"unhandled command {args.command!r}")
 
 
@@ -338,9 +361,10 @@ def _print_log(folder: Path, *, as_json: bool) -> int:
     records = read(folder)
     sys.stdout.write(render_transcript(records))
     if records.torn is not None:
+        fix = "" if folder.is_file() else "; 'andon repair' sets it aside"
         print(
             f"[the log ends in an incomplete line ({records.torn.length} bytes): an append in "
-            "progress, or a crash; 'andon repair' sets it aside]"
+            f"progress, or a crash{fix}]"
         )
     sys.stdout.flush()
     return EXIT_OK
@@ -349,6 +373,8 @@ def _print_log(folder: Path, *, as_json: bool) -> int:
 def _check(folder: Path) -> int:
     from andon.session import check, live_holder, read
 
+    if folder.is_file():
+        return _check_file(folder)
     holder = live_holder(folder)
     if holder is not None:
         # Its open turn is simply still running: not a violation, and nothing to repair.
@@ -374,6 +400,34 @@ def _check(folder: Path) -> int:
     for v in violations:
         print(f"seq {v.seq}: [{v.rule}] {v.message}")
     print(f"{len(violations)} violation(s); a crashed session is fixed with 'andon repair'")
+    return EXIT_FAILED
+
+
+def _check_file(path: Path) -> int:
+    """``andon check FILE``: the file as it is, read only (no lock, no repair, no live test)."""
+    from andon.session import check, read
+
+    try:
+        records = read(path)
+    except (LogCorrupted, LogFormatUnsupported) as e:
+        print(f"andon: cannot read the log: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    violations = check(records)
+    skipped = ""
+    if records.skipped:
+        skipped = f" ({records.skipped} live-only line(s) of 'andon run --json' skipped)"
+    if records.torn is not None:
+        print(f"torn tail: {records.torn.length} bytes at offset {records.torn.offset}")
+    if not violations:
+        print(f"ok: {len(records)} records{skipped}, every invariant holds")
+        return EXIT_OK
+    for v in violations:
+        print(f"seq {v.seq}: [{v.rule}] {v.message}")
+    print(
+        f"{len(violations)} violation(s) in {len(records)} records{skipped}; a file is checked "
+        "as it is: the log of a running or crashed session ends in an open turn (check or "
+        "repair its folder instead)"
+    )
     return EXIT_FAILED
 
 

@@ -30,10 +30,9 @@ async def test_cancel_mid_stream_salvages_the_visible_prefix(tmp_path: Path) -> 
     async with agent_for(tmp_path, model) as agent:
         watcher = Watcher(agent)
         agent.followup("fix it")
+        # The first visible text, live (assistant/delta): its chunk record may still be buffered.
         await watcher.wait(
-            lambda r: (
-                r.get("type") == "assistant/chunk" and r["data"]["deltas"][0].get("type") == "text"
-            )
+            lambda r: r.get("type") == "assistant/delta" and r["delta"]["type"] == "text"
         )
         agent.cancel(User())
         await agent.when_idle()
@@ -45,6 +44,14 @@ async def test_cancel_mid_stream_salvages_the_visible_prefix(tmp_path: Path) -> 
     assert salvaged["interrupted"] is True and salvaged["finish"] == "aborted"
     assert [b["type"] for b in salvaged["message"]["content"]] == ["text"]
     assert salvaged["message"]["content"][0]["text"].startswith("Let me")
+    # Every delta that was shown is in the log, before the salvaged prefix.
+    i = next(n for n, r in enumerate(recs) if r["type"] == "assistant/message")
+    logged = [d for r in recs[:i] if r["type"] == "assistant/chunk" for d in r["data"]["deltas"]]
+    live = watcher.items
+    shown = [e["delta"] for e in live if e.get("type") == "assistant/delta" and e["turn"] == 1]
+    assert "".join(d["text"] for d in logged) == "".join(d["text"] for d in shown)
+    shown_text = "".join(d["text"] for d in shown if d["type"] == "text")
+    assert shown_text == salvaged["message"]["content"][0]["text"]
     tail = [r["type"] for r in recs if r["type"] != "assistant/chunk"]
     i = tail.index("assistant/message")
     assert tail[i : i + 3] == ["assistant/message", "step/end", "turn/end"]

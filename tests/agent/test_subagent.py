@@ -94,3 +94,22 @@ def test_a_crash_mid_subagent_repairs_both_logs(tmp_path: Path) -> None:
     assert [r.data.reason.kind for r in child if r.type == "turn/end"] == ["interrupted"]  # type: ignore[union-attr]
     parent_result = next(r.data for r in loaded.events if r.type == "tool/result")
     assert parent_result.error.code == "TOOL_OUTCOME_UNKNOWN"  # type: ignore[union-attr]
+
+
+async def test_what_a_subagent_spent_is_added_to_the_parent_s_usage(tmp_path: Path) -> None:
+    """The session's totals (run/summary, cost) include its children's tokens."""
+    spent = {
+        "prompt_tokens": 100,
+        "completion_tokens": 10,
+        "prompt_cache_hit_tokens": 64,
+        "prompt_cache_miss_tokens": 36,
+    }
+    child = [{"text": "The answer is 42.", "usage": spent}]
+    replies = [{**DELEGATE, "usage": spent}, {"text": "Found 42.", "usage": spent}]
+    async with agent_for(tmp_path, replies, tools=tools_with_child(child)) as agent:  # type: ignore[arg-type]
+        agent.followup("delegate it")
+        await agent.when_idle()
+        usage = dict(agent.usage)
+    # two replies of the parent's and one of the child's
+    assert usage["prompt_tokens"] == 300 and usage["completion_tokens"] == 30
+    assert usage["cached_prompt_tokens"] == 192 and usage["uncached_prompt_tokens"] == 108

@@ -127,6 +127,37 @@ def test_history_of_a_live_step_drops_calls_whose_results_are_not_in_yet() -> No
     assert history(_dicts(sim)[:-1]) == [{"role": "user", "content": "go"}]
 
 
+def test_history_keeps_reasoning_content_on_every_assistant_message() -> None:
+    # The model adapter decides what to send back (DeepSeek thinking mode needs it on every
+    # assistant message of a tool-using span): the fold keeps it on all of them, "" when none.
+    messages = history(read(FIXTURES / "complete"))
+    assistants = [m for m in messages if m["role"] == "assistant"]
+    assert all(isinstance(m["reasoning_content"], str) for m in assistants)
+    assert assistants[0]["reasoning_content"].startswith("The user says the CI build fails.")
+    sim = Sim()
+    sim.start()
+    sim.queue("go")
+    sim.begin_turn()
+    sim.begin_step(sim.claim(first_step=True))
+    calls = sim.reply([ToolCallBlock(sim.call_id(1), "bash", "{}")])  # tool calls, no reasoning
+    sim.tool_call(calls[0])
+    sim.result(calls[0].call_id, "ok")
+    sim.end_step()
+    sim.begin_step([])
+    sim.reply([ReasoningBlock("a "), TextBlock("done"), ReasoningBlock("and more")])
+    sim.end_step()
+    sim.begin_step([])
+    sim.reply([TextBlock("plain")])  # text only
+    messages = history(_dicts(sim))
+    validate_request(messages)
+    assert [m.get("reasoning_content") for m in messages if m["role"] == "assistant"] == [
+        "",
+        "a and more",
+        "",
+    ]
+    assert all("reasoning_content" not in m for m in messages if m["role"] != "assistant")
+
+
 def test_history_streams_without_reading_everything_first() -> None:
     stream = iter_records(FIXTURES / "complete")
     assert history(stream) == history(read(FIXTURES / "complete"))

@@ -209,7 +209,7 @@ class Bench:
                     async for item in stream:
                         kind = item.get("type", "")
                         counts[kind] += 1
-                        if kind != "tool/output" and kind != "assistant/chunk":
+                        if kind not in ("tool/output", "assistant/chunk", "assistant/delta"):
                             records.append(item)
                         if not is_ready.is_set() and ready(item, counts):
                             is_ready.set()
@@ -350,8 +350,9 @@ async def scenario(bench: Bench, name: str) -> ScenarioResult:
         result.floor = await bench.stream_floor(STREAM_REPLY, 1, 0.1)
         result.floor_label = "httpx stream closed"
     elif name == "stall":
-        # the server sends 3 chunks then stalls: ready once they are logged
-        stalled = lambda r, c: c["assistant/chunk"] >= 3  # noqa: E731
+        # the server sends 3 chunks then stalls: ready once the agent has seen all three (live
+        # deltas; the log coalesces them into one record 16 ms later)
+        stalled = lambda r, c: c["assistant/delta"] >= 3  # noqa: E731
         await bench.agent_runs(name, STALL_REPLY, stalled, 0.02, ws, result)
         result.floor = await bench.stream_floor(STALL_REPLY, 3, 0.02)
         result.floor_label = "httpx stream closed"

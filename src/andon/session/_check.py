@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from andon.base import ErrorCode
+from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
     AssistantMessage,
@@ -417,11 +418,12 @@ def check(
 ) -> list[InvariantViolation]:
     """Every violation of the log invariants, in log order (an empty list: the log is sound).
 
-    ``events`` are records as ``read()`` returns them or plain dicts parsed from ``events.jsonl``.
+    ``events`` are records as ``read()`` returns them or plain dicts parsed from ``events.jsonl``
+    (or from the output of ``andon run --json``, whose live-only lines are skipped).
     With ``live=True`` the log may end with one open turn and step (a session that is running);
     by default an open turn or step at the end is a violation (a cold log must be balanced).
     """
     checker = _Checker(live)
-    for record in as_records(events):
+    for record in as_records(without_live_only(events)):
         checker.feed(record)
     return checker.finish()

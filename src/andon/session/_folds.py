@@ -2,7 +2,8 @@
 
 Each takes records as ``read()`` / ``iter_records()`` give them or plain dicts parsed from
 ``events.jsonl``, in one pass, holding no more than the current step (plus what it returns), so
-``history(iter_records(dir))`` never holds the file.
+``history(iter_records(dir))`` never holds the file. Dicts parsed from the output of
+``andon run --json`` work too: its live-only lines (no ``seq``) are skipped.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
     AssistantMessage,
@@ -91,9 +93,9 @@ class _StepBuffer:
                     }
                     for c in calls
                 ]
-            reasoning = item.reasoning
-            if reasoning is not None:
-                message["reasoning_content"] = reasoning
+            # On every assistant message, "" when it had none: the model adapter decides what to
+            # send back (DeepSeek thinking mode needs it on every message of a tool-using span).
+            message["reasoning_content"] = item.reasoning or ""
             out.append(message)
             for c in calls:
                 used.add(c.call_id)
@@ -107,13 +109,14 @@ def history(events: Events) -> list[dict[str, Any]]:
 
     ``user/message`` → ``{"role": "user", "content"}``; ``assistant/message`` (interrupted prefixes
     included) → ``{"role": "assistant", "content": str | None, "tool_calls"?,
-    "reasoning_content"?}``, left out when it has neither text nor tool calls; ``tool/result`` →
+    "reasoning_content": str}`` (``""`` when the reply had no reasoning), left out when it has
+    neither text nor tool calls; ``tool/result`` →
     ``{"role": "tool", "tool_call_id", "content"}``. No system message: the adapter adds the system
     prompt in force. The result is always a valid request.
     """
     out: list[dict[str, Any]] = []
     step = _StepBuffer()
-    for record in as_records(events):
+    for record in as_records(without_live_only(events)):
         data = record.data
         match data:
             case UserMessageEntered(message=message):
@@ -175,7 +178,7 @@ def fold_consumed_work(events: Events) -> ConsumedWork:
     open_turn = False
     had_step = False
     claimed = False
-    for record in as_records(events):
+    for record in as_records(without_live_only(events)):
         data = record.data
         match data:
             case InboxSpliced(outcome=outcome, inserted=inserted):
@@ -257,7 +260,7 @@ def fold_state(events: Events) -> SessionState:
     open_step: int | None = None
     inbox: dict[str, list[UserMessage]] = {"next-turn": [], "next-step": []}
     next_seq = 0
-    for record in as_records(events):
+    for record in as_records(without_live_only(events)):
         next_seq = record.seq + 1
         data = record.data
         match data:

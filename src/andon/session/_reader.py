@@ -12,6 +12,12 @@ Two kinds of bad line, told apart by where they are:
 * so is a whole line of JSON this reader refuses to hold: arrays and objects nested deeper than
   :data:`MAX_DEPTH`, or a number too large for a float. The writer never produces either, and
   a line it wrote to the end is not torn, so repair must not set it aside as a torn tail.
+
+A file that is not a session folder's log (``iter_records("run.jsonl")``: say the captured
+output of ``andon run --json``) may also hold the live-only lines of an agent's event stream
+(no ``seq``, a type of :data:`LIVE_ONLY_TYPES`) and the final ``run/summary``: they are skipped
+and counted. A line without ``seq`` of any other type is corruption there too, and a session
+folder's own log (what ``load`` and ``repair`` read) never holds such lines at all.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -28,9 +34,47 @@ from typing import Any, BinaryIO, NoReturn
 from andon.base import LogCorrupted, SessionError
 from andon.session._records import Record
 
-__all__ = ["RecordStream", "Records", "TornTail", "iter_records", "log_path", "read"]
+__all__ = [
+    "LIVE_ONLY_TYPES",
+    "RecordStream",
+    "Records",
+    "TornTail",
+    "is_live_only",
+    "iter_records",
+    "log_path",
+    "read",
+    "without_live_only",
+]
 
 LOG_NAME = "events.jsonl"
+
+LIVE_ONLY_TYPES: frozenset[str] = frozenset(
+    {
+        "agent/status",
+        "agent/error",
+        "assistant/delta",
+        "tool/output",
+        "subagent/event",
+        "run/summary",
+    }
+)
+"""The event types of ``agent.events()`` that are never log records (they carry no ``seq``), and
+the last line of ``andon run --json``."""
+
+
+def is_live_only(obj: Mapping[str, Any]) -> bool:
+    """Whether a parsed line (or event) is a live-only event rather than a record: no ``seq``
+    and a type of :data:`LIVE_ONLY_TYPES`."""
+    return "seq" not in obj and obj.get("type") in LIVE_ONLY_TYPES
+
+
+def without_live_only(events: Iterable[Any]) -> Iterator[Any]:
+    """``events`` (records or plain dicts) without the live-only dicts, lazily: what a fold of
+    the lines of ``andon run --json`` folds. Records pass untouched."""
+    for event in events:
+        if isinstance(event, Mapping) and is_live_only(event):
+            continue
+        yield event
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +161,16 @@ class RecordStream(Iterator[Record]):
     :attr:`end_offset` is the byte length of the whole records (where a torn tail starts).
     """
 
-    def __init__(self, path: Path, *, label: str | None = None) -> None:
+    def __init__(self, path: Path, *, label: str | None = None, live_lines: bool = False) -> None:
         self.path = path
         self.label = label if label is not None else str(path.parent)
         self.torn: TornTail | None = None
         self.end_offset = 0
         self.lines = 0
+        self.live_lines = live_lines
+        """Whether live-only lines (``andon run --json``) are skipped; else they are corrupt."""
+        self.skipped = 0
+        """How many live-only lines were skipped."""
         if not path.is_file():
             raise SessionError(
                 f"{path.parent} holds no session log ({path.name} is missing)", session=self.label
@@ -181,6 +229,12 @@ class RecordStream(Iterator[Record]):
                     )
                 self.torn = TornTail(offset, len(line), lineno, line.endswith(b"\n"))
                 return
+            if self.live_lines and is_live_only(obj):
+                offset += len(line)
+                self.end_offset = offset
+                self.lines = lineno
+                self.skipped += 1
+                continue
             try:
                 record = Record.from_dict(obj, session=self.label)
             except ValueError as exc:
@@ -207,25 +261,32 @@ class RecordStream(Iterator[Record]):
 
 
 class Records(list[Record]):
-    """A list of records that also says whether a torn tail was left out (``torn``)."""
+    """A list of records that also says whether a torn tail was left out (``torn``) and how many
+    live-only lines of a file were skipped (``skipped``)."""
 
     torn: TornTail | None = None
+    skipped: int = 0
 
 
 def iter_records(session: str | os.PathLike[str]) -> RecordStream:
-    """Stream the records of a session (a folder, or the path of its ``events.jsonl``).
+    """Stream the records of a session: a folder, or the path of a file of records (its
+    ``events.jsonl``, or the saved output of ``andon run --json``).
 
     Neither locks nor repairs. A torn tail is left out and reported in ``stream.torn`` once the
     stream is exhausted; a bad line in the middle raises ``LogCorrupted``; an unknown record type
-    raises ``LogFormatUnsupported`` unless the record is ignorable.
+    raises ``LogFormatUnsupported`` unless the record is ignorable. Of a file given by its path,
+    live-only lines (no ``seq``, a type of :data:`LIVE_ONLY_TYPES`) are skipped and counted in
+    ``stream.skipped``.
     """
     path = log_path(session)
-    return RecordStream(path, label=str(Path(session)))
+    return RecordStream(path, label=str(Path(session)), live_lines=path == Path(session))
 
 
 def read(session: str | os.PathLike[str]) -> Records:
-    """All records of a session as a list (``.torn`` reports a torn tail). No lock, no repair."""
+    """All records of a session as a list (``.torn`` reports a torn tail, ``.skipped`` the
+    live-only lines of a file). No lock, no repair."""
     stream = iter_records(session)
     records = Records(stream)
     records.torn = stream.torn
+    records.skipped = stream.skipped
     return records

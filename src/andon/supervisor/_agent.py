@@ -73,6 +73,10 @@ _log = logging.getLogger("andon.agent")
 
 Status = Literal["idle", "running"]
 
+_BASE_USAGE = ("prompt_tokens", "completion_tokens")
+# Summed only once some reply reported them: a provider that never does shows none of them.
+_EXTRA_USAGE = ("cached_prompt_tokens", "uncached_prompt_tokens", "reasoning_tokens")
+
 
 @dataclass
 class _Idle:
@@ -170,7 +174,9 @@ class Agent:
         self._closing = False
         self._failure: LogWriteFailed | None = None
         self._subscribers: list[_Subscriber] = []
-        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        # The session's running token totals: the two base counts always, each optional count
+        # (``_EXTRA_USAGE``) from the first reply that reported it on.
+        self.usage: dict[str, int] = dict.fromkeys(_BASE_USAGE, 0)
         self.turns_run = 0
         self.tool_calls = 0
 
@@ -506,11 +512,13 @@ class Agent:
             self._budget_timer = None
 
     def _add_usage(self, usage: dict[str, Any] | None) -> None:
-        if usage:
-            for key in self.usage:
-                value = usage.get(key)
-                if isinstance(value, int):
-                    self.usage[key] += value
+        """Add one reply's ``assistant/message.usage`` (``Usage.to_dict()``) to the totals."""
+        if not usage:
+            return
+        for key in (*_BASE_USAGE, *_EXTRA_USAGE):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.usage[key] = self.usage.get(key, 0) + value
 
     def _report_error(self, code: str, message: str) -> None:
         _log.error("turn failed (%s): %s", code, message)

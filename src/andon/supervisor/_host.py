@@ -48,6 +48,8 @@ class LogPort:
 class ChildAgent(Protocol):
     """What a supervisor tool may do with a child agent (an ``Agent`` satisfies it)."""
 
+    usage: dict[str, int]  # its running token totals, added to the parent's when it ends
+
     def followup(self, text: str) -> str: ...
 
     def cancel(self, cause: Cause, *, keep_inbox: bool = False, force: bool = False) -> None: ...

@@ -124,6 +124,8 @@ async def _run_child(call: SubagentCall, model: Model, prompt: str) -> ToolOutco
             finally:
                 handle.remove()
                 await child.aclose()  # ends the child's event stream, and so the forwarder
+                # What the child spent is the session's spending too (run/summary, cost).
+                host.on_usage(dict(child.usage))
     finally:
         await log.aclose()
     return _outcome(call, folder, host.clock.monotonic() - started_at)
