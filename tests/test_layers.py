@@ -35,6 +35,7 @@ ALIASES = {
     "andon._cli_run": "cli",
     "andon._cli_output": "cli",
     "andon._cli_settings": "cli",
+    "andon._cli_prices": "cli",
     "andon._cli_chat": "cli",
     "andon._cli_term": "cli",
     "andon._cli_signals": "cli",

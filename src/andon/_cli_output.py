@@ -115,12 +115,14 @@ def say(text: str) -> None:
 
 @dataclass
 class Tracker:
-    """What every renderer needs to know: calls in flight and how the last turn ended."""
+    """What every renderer needs to know: calls in flight and how the last turn ended (and, for
+    the summary, what the model said last)."""
 
     in_flight: dict[str, int | None] = field(default_factory=dict)  # call_id -> pgid
     last_end: dict[str, Any] | None = None
     turns: int = 0
     tool_calls: int = 0
+    final_text: str | None = None  # the text blocks of the last assistant/message, joined
 
     def feed(self, event: Mapping[str, Any]) -> None:
         data = event.get("data") or {}
@@ -135,6 +137,11 @@ class Tracker:
             case "turn/end":
                 self.turns += 1
                 self.last_end = data.get("reason")
+            case "assistant/message":
+                content = (data.get("message") or {}).get("content") or ()
+                self.final_text = "".join(
+                    str(block.get("text", "")) for block in content if block.get("type") == "text"
+                )
             case _:
                 pass
 
@@ -420,12 +427,19 @@ class TextOutput(Output):
         if self.closed:
             return  # whoever read us went away: dispose quietly
         self.finish(str(summary["session"]))
+        cost = summary.get("cost")
+        spent = f"{_usd(float(cost['usd']))}, " if isinstance(cost, Mapping) else ""
         say(
             f"{_plural(int(summary['turns']), 'turn')}, "
             f"{_plural(int(summary['tool_calls']), 'tool call')}, "
-            f"{summary['duration']:.1f} s, ended {_reason(summary['ended'])}, "
+            f"{summary['duration']:.1f} s, {spent}ended {_reason(summary['ended'])}, "
             f"exit {summary['exit_code']}; session {summary['session']}"
         )
+
+
+def _usd(amount: float) -> str:
+    """A cost for people: ``$0.0123``; a smaller one keeps its digits (``$0.000042``)."""
+    return f"${amount:.4f}" if amount >= 0.001 or amount == 0 else f"${amount:.6f}"
 
 
 def _args(data: Mapping[str, Any]) -> str:

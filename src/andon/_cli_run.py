@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -37,6 +38,7 @@ from andon._cli_output import (
     install_log_handler,
     say,
 )
+from andon._cli_prices import cost
 from andon._cli_settings import Settings
 from andon._cli_signals import LEDGER, record_only
 from andon.base import ConfigError, Disposed, User, session_id
@@ -221,23 +223,62 @@ async def _run_installed(job: RunJob, out: Output, signals: _Signals) -> int:
         code = EXIT_FAILED
     else:
         code = exit_code_for(out.tracker.last_end)
-    usage = outcome.usage
     ended = out.tracker.last_end
     if ended is not None and ended.get("kind") == "error" and not job.json:
         error = ended.get("error") or {}
         say(f"the turn failed: {error.get('code')}: {error.get('message')}")
-    summary = {
+    summary: dict[str, Any] = {
         "session": str(job.session),
+        "session_id": outcome.session_id or _logged_session_id(job.session),
         "exit_code": code,
         "turns": out.tracker.turns,
         "tool_calls": out.tracker.tool_calls,
         "duration": round(time.monotonic() - started, 3),
-        "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")},
-        "ended": ended,
+        "final_text": out.tracker.final_text,
+        "usage": _summary_usage(outcome.usage),
     }
+    spent = cost(outcome.usage, job.model.info, job.settings.prices)
+    if spent is not None:
+        summary["cost"] = spent
+    summary["ended"] = ended
     with contextlib.suppress(StdoutClosed):
         out.summary(summary)
     return code
+
+
+_SUMMARY_USAGE: Final = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+"""The token counts ``run/summary`` always has (0 when the provider reported none)."""
+_REPORTED_USAGE: Final = ("uncached_prompt_tokens", "reasoning_tokens")
+"""The counts it has only when the provider reported them."""
+
+
+def _summary_usage(totals: Mapping[str, Any]) -> dict[str, int]:
+    """``usage`` of ``run/summary`` from the agent's totals (``Agent.usage``)."""
+    usage = {key: _tokens(totals.get(key)) for key in _SUMMARY_USAGE}
+    usage.update({key: _tokens(totals[key]) for key in _REPORTED_USAGE if key in totals})
+    return usage
+
+
+def _tokens(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _logged_session_id(folder: Path) -> str | None:
+    """The ``session_id`` of the ``session/start`` in ``folder``'s log, if there is one: the id of
+    a session whose agent never opened in this run (a signal during the start, a resume refused
+    by the pool). None when no session was created."""
+    try:
+        with open(folder / "events.jsonl", "rb") as f:
+            first = json.loads(f.readline(1 << 20))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(first, dict) or first.get("type") != "session/start":
+        return None
+    data = first.get("data")
+    if not isinstance(data, dict):
+        return None
+    sid = data.get("session_id")
+    return sid if isinstance(sid, str) else None
 
 
 @dataclass
@@ -246,6 +287,7 @@ class _Outcome:
     usage: dict[str, int] = field(
         default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0}
     )
+    session_id: str | None = None  # of the agent that opened (its session/start)
 
 
 async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome) -> None:
@@ -272,6 +314,7 @@ async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome)
             pass_env=s.pass_env,
             session_id=job.session_id,
         ) as agent:
+            outcome.session_id = agent.session_id
             events = agent.events(since_seq=job.since_seq)
             tg.create_task(_render(events, out, agent))
             # A reader that went away disposes the agent at once, not at the next event.

@@ -1,6 +1,9 @@
 """Settings of ``andon run`` / ``andon resume``: flags win over ``ANDON_*`` variables, which win
 over ``andon.toml`` in the working directory (cli.md).
 
+``andon.toml`` alone may also hold ``[prices."MODEL"]`` tables (``andon._cli_prices``): the prices
+the run's ``cost`` is computed with, beside or instead of the built-in ones.
+
 Only the names below are read from the environment: ``ANDON_SESSION`` (set for every tool call) and
 ``ANDON_API_KEY`` (a model key) are deliberately not settings, so an ``andon run`` started by a tool
 never resumes its parent's session by accident.
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from andon._cli_prices import Price, parse_prices
 from andon.base import ConfigError, GracePolicy
 
 __all__ = ["ENV_VARS", "MAX_GRACE", "TOML_FILE", "Settings", "max_workers", "resolve"]
@@ -37,6 +41,7 @@ class Settings:
     max_steps: int | None = None
     pass_env: tuple[str, ...] = ()
     thinking: bool | None = None
+    prices: Mapping[str, Price] = field(default_factory=dict)  # andon.toml only: model -> price
 
 
 def _positive_float(name: str) -> Callable[[str], float]:
@@ -178,17 +183,26 @@ def _toml_table(path: Path, data: bytes) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: a number it cannot read ({reason})") from None
 
 
-def _from_toml(folder: Path) -> dict[str, str]:
+_PRICES: Final = "prices"
+"""The one table of ``andon.toml`` that is not a setting of a flag or a variable."""
+
+
+def _from_toml(folder: Path) -> tuple[dict[str, str], dict[str, Price]]:
+    """The settings of ``andon.toml`` (as text, parsed like a variable) and its price tables."""
     path = folder / TOML_FILE
     data = _toml_bytes(path)
     if data is None:
-        return {}
+        return {}, {}
     table = _toml_table(path, data)
     out: dict[str, str] = {}
+    prices: dict[str, Price] = {}
     for key, value in table.items():
+        if key == _PRICES:
+            prices = parse_prices(value, path)
+            continue
         name = key.replace("-", "_")
         if name not in _PARSERS:
-            known = ", ".join(sorted(_PARSERS))
+            known = ", ".join(sorted([*_PARSERS, _PRICES]))
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
@@ -197,18 +211,18 @@ def _from_toml(folder: Path) -> dict[str, str]:
         elif not isinstance(value, str | int | float):
             raise ConfigError(f"{path}: setting {key!r} must be a string, number or list")
         out[name] = str(value)
-    return out
+    return out, prices
 
 
 def resolve(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
     """Merge ``andon.toml`` (in the current directory), ``ANDON_*`` variables and ``flags``
     (a flag left at ``None``, or an empty list, is unset)."""
     environ = os.environ if env is None else env
-    raw: dict[str, str] = _from_toml(Path.cwd())
+    raw, prices = _from_toml(Path.cwd())
     for name, var in ENV_VARS.items():
         if environ.get(var):
             raw[name] = environ[var]
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"prices": prices}
     for name, text in raw.items():
         try:
             values[name] = _PARSERS[name](text)

@@ -78,11 +78,13 @@ def test_json_is_one_object_per_line_ending_with_the_summary(tmp_path: Path) -> 
     assert summary == {
         "type": "run/summary",
         "session": str(session),
+        "session_id": records(session)[0]["data"]["session_id"],
         "exit_code": 0,
         "turns": 1,
         "tool_calls": 0,
         "duration": summary["duration"],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 2},
+        "final_text": "Hi.",
+        "usage": {"prompt_tokens": 7, "completion_tokens": 2, "cached_prompt_tokens": 0},
         "ended": {"kind": "completed"},
     }
     logged = [e for e in events if "seq" in e]
