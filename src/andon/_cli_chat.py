@@ -220,13 +220,15 @@ async def _chat(job: _Job) -> int:
     out.line(_HELP, "dim")
     if sum(job.queued):
         out.line(f"{sum(job.queued)} queued item(s) parked; Enter on an empty line runs them")
+    from andon._cli_run import runtime_root
+
     s = job.settings
     try:
         async with andon.open_agent(
             job.session,
             model=job.model,
             cwd=job.cwd,
-            pool=andon.WorkerPoolConfig(size=s.workers),
+            pool=andon.WorkerPoolConfig(size=s.workers, runtime_dir=runtime_root()),
             grace=s.grace,
             system_prompt=job.system_prompt,
             tool_timeout=s.tool_timeout,

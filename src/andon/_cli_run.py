@@ -44,7 +44,7 @@ from andon._cli_signals import LEDGER, record_only
 from andon.base import ConfigError, Disposed, User, session_id
 from andon.llm import Model, from_spec
 
-__all__ = ["RunJob", "exit_code_for", "new_session_dir", "run_job", "sessions_root"]
+__all__ = ["RunJob", "exit_code_for", "new_session_dir", "run_job", "runtime_root", "sessions_root"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -306,7 +306,7 @@ async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome)
             job.session,
             model=job.model,
             cwd=job.cwd,
-            pool=andon.WorkerPoolConfig(size=s.workers),
+            pool=andon.WorkerPoolConfig(size=s.workers, runtime_dir=runtime_root()),
             grace=s.grace,
             hooks=hooks,
             system_prompt=job.system_prompt,
@@ -384,6 +384,23 @@ def sessions_root(environ: Mapping[str, str] | None = None) -> Path:
     if not state or not os.path.isabs(state):  # the XDG spec: a relative path is ignored
         state = os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state) / "andon" / "sessions"
+
+
+def runtime_root(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where the worker pool keeps its private socket folder: ``$XDG_RUNTIME_DIR`` if it is a
+    folder, else ``run/`` beside the sessions root (created 0700). Never ``/tmp`` by default: a
+    tool's ``rm -rf /tmp/*`` (a common CI clean-up) would delete the socket, and no replacement
+    worker could reach the pool again. ``None`` (the pool's own fallback) if it cannot be made."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_RUNTIME_DIR", "")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
+        return xdg
+    run = sessions_root(env).parent / "run"
+    try:
+        run.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return str(run)
 
 
 def new_session_dir() -> Path:

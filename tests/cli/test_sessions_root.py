@@ -367,3 +367,35 @@ def test_a_sigkill_at_any_moment_of_the_start_leaves_no_session_or_one_resume_ac
     assert listed.returncode == 0
     ids = {json.loads(line)["session_id"] for line in listed.stdout.splitlines()}
     assert ids == {p.name for p in named}  # hidden leftovers of a kill are never listed
+
+
+# --- 7. the pool's socket is out of the tools' reach too ----------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_that_empties_tmp_does_not_cut_the_pool_off(tmp_path: Path) -> None:
+    """A CI clean-up's ``rm -rf /tmp/*`` (here: the run's own TMPDIR) in a tool, then a worker
+    lost: the replacement must still reach the pool, whose socket folder lives beside the
+    sessions root (or in XDG_RUNTIME_DIR), never in the temporary folder the tools share."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    model = script(
+        tmp_path / "wipe.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": 'rm -rf "$TMPDIR"/*'}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "kill -9 $PPID"}}]},
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "echo still-reachable"}}]},
+            {"text": "Done."},
+        ],
+    )
+    environ = {k: v for k, v in home_env(tmp_path, TMPDIR=str(tmp)).items()}
+    environ.pop("XDG_RUNTIME_DIR", None)
+    result = andon("run", "--json", "--workers", "1", "--model", model, "go", cwd=tmp_path,
+                   environ=environ)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    results = [
+        e["data"] for e in map(json.loads, result.stdout.splitlines()) if e["type"] == "tool/result"
+    ]
+    assert results[1]["error"]["code"] == "WORKER_LOST"  # the tool killed its worker
+    assert results[2]["content"].startswith("still-reachable"), results[2]
+    assert (tmp_path / "home" / "run").is_dir()

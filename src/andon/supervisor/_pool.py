@@ -448,11 +448,22 @@ class WorkerPool:
             max_message_bytes=self.config.max_message_bytes,
             fault=self.config.worker_fault,
         )
-        process = _WorkerProcess(
-            target=worker_main, args=(options,), name=f"andon-worker-{worker_id}", daemon=True
-        )
+
+        def process_of() -> _WorkerProcess:
+            name = f"andon-worker-{worker_id}"
+            return _WorkerProcess(target=worker_main, args=(options,), name=name, daemon=True)
+
+        process = process_of()
         _ensure_forkserver(self.hidden_env)
-        process.start()
+        try:
+            process.start()
+        except (FileNotFoundError, ConnectionRefusedError):
+            # The forkserver's listening socket is gone (multiprocess keeps it in the temporary
+            # folder, which a tool's ``rm -rf /tmp/*`` empties): a new forkserver, and once more.
+            _log.warning("the workers' forkserver lost its socket; starting a new one")
+            _restart_forkserver(self.hidden_env)
+            process = process_of()
+            process.start()
         worker = _Worker(worker_id=worker_id, process=process, pid=process.pid)
         self._workers[worker_id] = worker
         # multiprocess restarts a forkserver that died between the check above and the start
@@ -494,7 +505,15 @@ class WorkerPool:
     async def _replace(self) -> None:
         if self._stopping is not None:
             return
-        worker = self._spawn()
+        try:
+            worker = self._spawn()
+        except Exception as e:
+            # No replacement: if no worker is left, a call waiting for one would wait forever;
+            # it gets the reason instead (WORKER_LOST, not run).
+            _log.warning("could not start a replacement worker: %s: %s", type(e).__name__, e)
+            if not any(not w.dead for w in self._workers.values()):
+                self._stop_taking_work(f"no worker could be started ({type(e).__name__}: {e})")
+            return
         with contextlib.suppress(WorkerError):
             await self._await_ready(worker)
 
@@ -828,6 +847,25 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _restart_forkserver(hidden: frozenset[str]) -> None:
+    """Replace a forkserver that can no longer be reached (its socket deleted). It is this
+    process's unreaped child: SIGKILLed, reaped, then started afresh, scrubbed as always. The
+    workers it forked are independent of it and keep running."""
+    from multiprocess import forkserver, util
+
+    # multiprocess made its temporary folder once and keeps using it: the new socket goes there.
+    folder = util.get_temp_dir()
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
+        with contextlib.suppress(Exception):  # its socket file is already gone: unlink fails
+            server._stop()
+    server._forkserver_pid = None
+    server._forkserver_address = None
+    _ensure_forkserver(hidden)
 
 
 class _Scrub:
