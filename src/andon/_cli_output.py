@@ -52,6 +52,7 @@ __all__ = [
     "drain_writers",
     "install_log_handler",
     "say",
+    "summary_text",
 ]
 
 _TAIL_LINES: Final = 8
@@ -427,14 +428,21 @@ class TextOutput(Output):
         if self.closed:
             return  # whoever read us went away: dispose quietly
         self.finish(str(summary["session"]))
-        cost = summary.get("cost")
-        spent = f"{_usd(float(cost['usd']))}, " if isinstance(cost, Mapping) else ""
-        say(
-            f"{_plural(int(summary['turns']), 'turn')}, "
-            f"{_plural(int(summary['tool_calls']), 'tool call')}, "
-            f"{summary['duration']:.1f} s, {spent}ended {_reason(summary['ended'])}, "
-            f"exit {summary['exit_code']}; session {summary['session']}"
-        )
+        say(summary_text(summary))
+
+
+def summary_text(summary: Mapping[str, Any]) -> str:
+    """The one-line summary a person reads (the plain view's stderr, the terminal view's last
+    line): turns, tool calls, duration, cost when known, how it ended, the exit code, the
+    session."""
+    cost = summary.get("cost")
+    spent = f"{_usd(float(cost['usd']))}, " if isinstance(cost, Mapping) else ""
+    return (
+        f"{_plural(int(summary['turns']), 'turn')}, "
+        f"{_plural(int(summary['tool_calls']), 'tool call')}, "
+        f"{float(summary['duration']):.1f} s, {spent}ended {_reason(summary['ended'])}, "
+        f"exit {summary['exit_code']}; session {summary['session']}"
+    )
 
 
 def _usd(amount: float) -> str:

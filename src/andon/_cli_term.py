@@ -41,6 +41,7 @@ from andon._cli_output import (
     _args,
     _plural,
     _reason,
+    summary_text,
 )
 from andon.base import GracePolicy
 
@@ -347,13 +348,7 @@ class TermOutput(Output):
         dropped = self.stdout_dropped
         note = f"; {_plural(dropped, 'line')} dropped (stdout was not read)" if dropped else ""
         with self._forced():  # the last line is never dropped
-            self.line(
-                f"{_plural(int(summary['turns']), 'turn')}, "
-                f"{_plural(int(summary['tool_calls']), 'tool call')}, "
-                f"{float(summary['duration']):.1f} s, ended {_reason(summary['ended'])}, "
-                f"exit {summary['exit_code']}; session {summary['session']}{note}",
-                "bold",
-            )
+            self.line(summary_text(summary) + note, "bold")
         self.finish(str(summary["session"]))
 
 

@@ -162,6 +162,8 @@ def test_the_output_of_andon_run_json_reads_back_like_its_log(tmp_path: Path) ->
     assert history(json.loads(line) for line in capture.read_text().splitlines()) == history(
         read(session)
     )
+    raw = [json.loads(line) for line in capture.read_text().splitlines()]
+    assert render_transcript(raw) == render_transcript(read(session))  # live lines skipped
 
     checked = run("check", str(capture), cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, assert_never
 
 from andon.base import ErrorCode
+from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
     AssistantMessage,
@@ -250,6 +251,6 @@ def render_transcript(events: Iterable[Record | Mapping[str, Any]]) -> str:
     cancel discarded unrun. Plain text; one pass.
     """
     render = _Render()
-    for record in as_records(events):
+    for record in as_records(without_live_only(events)):  # an ``andon run --json`` file's lines too
         render.feed(record)
     return render.finish()
