@@ -28,7 +28,7 @@ from andon.llm import (
     Usage,
 )
 from andon.supervisor import WorkerPoolConfig
-from andon.supervisor._turn import CHUNK_FLUSH_AFTER, CHUNK_FLUSH_BYTES, _ChunkLog
+from andon.supervisor._reply import CHUNK_FLUSH_AFTER, CHUNK_FLUSH_BYTES, ChunkLog
 from tests.agent.support import Watcher, agent_for, assert_sound, records
 
 # --- through the agent --------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def test_usage_totals_take_only_whole_numbers() -> None:
 
 
 class _Host:
-    """What ``_ChunkLog`` uses of a turn host: the log port and the clock."""
+    """What ``ChunkLog`` uses of a turn host: the log port and the clock."""
 
     def __init__(self, clock: ManualClock) -> None:
         self.written: list[Any] = []
@@ -267,7 +267,7 @@ async def test_the_deadline_is_also_checked_at_each_delta() -> None:
     # A fast stream may not yield to the loop: the 16 ms rule must not wait for the timer.
     clock = ManualClock()
     host = _Host(clock)
-    log = _ChunkLog(host, 1, 1)  # type: ignore[arg-type]
+    log = ChunkLog(host, 1, 1)  # type: ignore[arg-type]
     log.attempt = 1
     log.add(TextDelta("a").to_dict())
     clock.advance(CHUNK_FLUSH_AFTER)  # the timer is due, but the loop does not turn before:
@@ -282,7 +282,7 @@ async def test_the_deadline_is_also_checked_at_each_delta() -> None:
 
 async def test_merging_keeps_what_a_fold_of_the_deltas_gives() -> None:
     host = _Host(ManualClock())
-    log = _ChunkLog(host, 2, 3)  # type: ignore[arg-type]
+    log = ChunkLog(host, 2, 3)  # type: ignore[arg-type]
     log.attempt = 2
     chunks = [
         ReasoningDelta("think "),
@@ -323,7 +323,7 @@ async def test_merging_keeps_what_a_fold_of_the_deltas_gives() -> None:
 
 async def test_the_size_rule_counts_utf8_bytes() -> None:
     host = _Host(ManualClock())
-    log = _ChunkLog(host, 1, 1)  # type: ignore[arg-type]
+    log = ChunkLog(host, 1, 1)  # type: ignore[arg-type]
     log.add(TextDelta("é" * (CHUNK_FLUSH_BYTES // 2 - 1)).to_dict())  # 4094 bytes
     assert host.written == []
     log.add(TextDelta("é").to_dict())
@@ -342,7 +342,7 @@ async def test_a_failed_timer_flush_is_raised_by_the_next_delta() -> None:
 
     host = _Host(clock)
     host.log = SimpleNamespace(write=write, publish=host.live.append)
-    log = _ChunkLog(host, 1, 1)  # type: ignore[arg-type]
+    log = ChunkLog(host, 1, 1)  # type: ignore[arg-type]
     log.add(TextDelta("x").to_dict())
     clock.advance(CHUNK_FLUSH_AFTER)
     await tried.wait()  # the due timer ran on the loop, where its failure has no one to go to
