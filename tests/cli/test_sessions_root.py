@@ -399,3 +399,26 @@ def test_a_tool_that_empties_tmp_does_not_cut_the_pool_off(tmp_path: Path) -> No
     assert results[1]["error"]["code"] == "WORKER_LOST"  # the tool killed its worker
     assert results[2]["content"].startswith("still-reachable"), results[2]
     assert (tmp_path / "home" / "run").is_dir()
+
+
+@pytest.mark.timeout(120)
+def test_two_runs_creating_the_same_session_one_wins_and_the_other_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Two ``andon run --session S`` for a new S at once: one creates and runs it; the other is
+    refused with one line and exit 2 (whether it lost the creation or found S live), and leaves no
+    hidden folder behind."""
+    session = tmp_path / "s"
+    model = one_tool_script(tmp_path, "sleep 1")
+    args = ("run", "--session", str(session), "--model", model, "go")
+    procs_ = [start(*args, cwd=tmp_path, environ=home_env(tmp_path)) for _ in range(2)]
+    outcomes = [(p.wait(timeout=60), p.communicate(timeout=60)[1]) for p in procs_]
+    codes = sorted(code for code, _ in outcomes)
+    assert codes == [0, 2], outcomes
+    refused = next(err for code, err in outcomes if code == 2)
+    lines = [line for line in refused.splitlines() if line.strip()]
+    assert len(lines) == 1, refused
+    assert "another process" in lines[0] or "is live" in lines[0], refused
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    check = andon("check", str(session), cwd=tmp_path, environ=home_env(tmp_path))
+    assert check.returncode == 0, check.stdout + check.stderr

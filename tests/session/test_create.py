@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import LogWriteFailed, SessionError
+from andon.base import LogWriteFailed, SessionError, SessionLive
 from andon.session import SessionLog, _create, check, is_temporary, load, read
 from tests.session.helpers import Sim
 
@@ -55,7 +55,7 @@ def test_a_name_taken_meanwhile_is_never_replaced(tmp_path: Path) -> None:
     folder.mkdir()  # another process took the name (an empty folder: rename would replace it)
     (folder / "theirs").write_text("keep")
     try:
-        with pytest.raises(LogWriteFailed, match="appeared while this run was creating it"):
+        with pytest.raises(SessionLive, match="created by another process"):
             log.append(sim.events[0][1])
     finally:
         log.close()
@@ -69,11 +69,14 @@ def test_an_empty_folder_taken_meanwhile_is_not_replaced_either(tmp_path: Path) 
     log = SessionLog.open(folder)
     folder.mkdir()
     try:
-        with pytest.raises(LogWriteFailed):
+        with pytest.raises(SessionLive):
             log.append(sim.events[0][1])
+        with pytest.raises(LogWriteFailed, match="created by another process"):
+            log.append(sim.events[0][1])  # this writer holds no session
     finally:
         log.close()
     assert folder.is_dir() and list(folder.iterdir()) == []
+    assert _temporaries(tmp_path) == []  # nothing of the loser is left
 
 
 def test_without_renameat2_the_check_then_rename_path_works(

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, TypeAlias
 
-from andon.base import Clock, ErrorCode, LogWriteFailed, SessionError, SystemClock
+from andon.base import Clock, ErrorCode, LogWriteFailed, SessionError, SessionLive, SystemClock
 from andon.session._create import make_temporary, publish, remove_temporary
 from andon.session._lock import SessionLock
 from andon.session._reader import LOG_NAME
@@ -516,9 +516,8 @@ class SessionLog:
         assert exc is not None
         if self._gone == "taken":
             return LogWriteFailed(
-                f"the session folder {self.session_dir} appeared while this run was creating it "
-                "(another andon with the same --session?); this run's log stays unnamed in "
-                f"{self._where.parent}",
+                f"the session folder {self.session_dir} was created by another process while this "
+                "one was creating it; this writer holds no session",
                 session=str(self.session_dir),
                 errno=exc.errno,
             )
@@ -575,9 +574,21 @@ class SessionLog:
             if self.durability == "barrier":  # "every-record" has synced it already
                 self._fsync(self._fd)
             publish(work, self.session_dir, sync=self.durability != "none")
+        except FileExistsError as exc:
+            # Another process created the session while this one was opening it: it is that
+            # process's session (live, as a lock would say), and this one never existed; its
+            # hidden folder goes at close.
+            self._gone = "taken"
+            self._failure = exc
+            raise SessionLive(
+                f"session {self.session_dir} was created by another process while this one was "
+                "creating it (another andon with the same --session?); nothing of this run was "
+                "kept",
+                session=str(self.session_dir),
+                pid=None,
+                host=None,
+            ) from None
         except OSError as exc:
-            if isinstance(exc, FileExistsError):
-                self._gone = "taken"
             with self._mutex:
                 self._fail(exc)
             raise self._refusal() from exc
@@ -631,7 +642,7 @@ class SessionLog:
                 except OSError as exc:
                     error = exc
                     self._failure = exc
-            if self._unpublished is not None and self._mark.lines > 0:
+            if self._unpublished is not None and self._mark.lines > 0 and self._gone != "taken":
                 # An interrupt cut the first append's publish short: the log still gets its name.
                 with contextlib.suppress(OSError):
                     publish(self._unpublished, self.session_dir, sync=self.durability != "none")
@@ -641,8 +652,10 @@ class SessionLog:
                 os.close(self._fd)
             finally:
                 self._lock.release()
-                if self._unpublished is not None and self._mark.lines == 0:
-                    remove_temporary(self._unpublished)  # never written: leave nothing
+                never_a_session = self._mark.lines == 0 or self._gone == "taken"
+                if self._unpublished is not None and never_a_session:
+                    # Never written, or its name was taken by another process: leave nothing.
+                    remove_temporary(self._unpublished)
         if error is not None:
             raise self._refusal() from error
 
