@@ -130,3 +130,20 @@ def test_progress_shows_on_a_terminal() -> None:
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_exit_waits_for_the_tool_s_ready_line_not_for_the_command_text() -> None:
+    """andon's tool/call and assistant/chunk lines hold the command (``echo ready``) before the
+    tool runs: a SIGINT sent then would measure a stop at the wrong moment."""
+    import io
+
+    from andon._bench._exit import _until_ready
+
+    call = {"type": "tool/call", "data": {"arguments": '{"command": "echo ready"}'}}
+    output = {"type": "tool/output", "call_id": "c1-1-1", "text": "ready\n"}
+    lines = [json.dumps(call).encode() + b"\n", json.dumps(output).encode() + b"\n", b"after\n"]
+    stream = io.BytesIO(b"".join(lines))
+    _until_ready(stream)
+    assert stream.read() == b"after\n"  # it stopped at the tool's own line, not before
+    with pytest.raises(RuntimeError):
+        _until_ready(io.BytesIO(lines[0]))

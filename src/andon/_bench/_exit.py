@@ -166,10 +166,13 @@ def _one(
 
 
 def _until_ready(stdout: IO[bytes]) -> None:
-    """Read lines until the tool says ``ready`` (andon's ``tool/output`` event, or the baseline's
-    own line)."""
+    """Read lines until the tool has printed ``ready``: andon's ``tool/output`` event that carries
+    it, or the baseline's own line. (The word alone is not enough: andon's ``tool/call`` and
+    ``assistant/chunk`` lines hold the command, ``echo ready`` included, before the tool runs.)"""
     for line in stdout:
-        if b"ready" in line:
+        if line.strip() == b"ready":
+            return  # the baseline passes its tool's line through as it is
+        if b'"tool/output"' in line and "ready" in str(json.loads(line).get("text", "")):
             return
     raise RuntimeError("the program ended before its tool was ready")
 
