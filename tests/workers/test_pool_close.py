@@ -198,12 +198,9 @@ async def test_a_pool_started_in_one_task_works_and_closes_from_another() -> Non
 
 def _alive(pid: int | None) -> bool:
     """Whether ``pid`` (our own child, if anything) still runs; a reaped one is gone."""
-    if pid is None:
-        return False
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-    except ChildProcessError:
-        return False
+    from andon.base import procs
+
+    return pid is not None and procs.child_running(pid)
 
 
 async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_them() -> None:

@@ -53,6 +53,7 @@ __all__ = [
     "cgroup2_mounts",
     "cgroup_kill",
     "cgroup_pids",
+    "child_running",
     "descendants",
     "find_call",
     "kill_call",
@@ -399,16 +400,25 @@ def killpg_pinned(pgid: int, sig: int) -> bool:
         return False
 
 
+def child_running(pid: int) -> bool:
+    """Whether ``pid`` is the caller's own child and has not exited. Never reaps it (a zombie
+    stays for its owner to reap): while it is unreaped its pid cannot be reused."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:  # not our child, or already reaped
+        return False
+
+
 def kill_child(pid: int, sig: int) -> bool:
     """Signal the caller's own child ``pid`` if it has not exited (and not been reaped): an
     unreaped child keeps its pid, so the number cannot name a stranger. False if it has exited
     (a zombie waits to be reaped) or is not our child."""
+    if not child_running(pid):
+        return False
     try:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return False
         os.kill(pid, sig)
         return True
-    except (ChildProcessError, ProcessLookupError):
+    except ProcessLookupError:
         return False
 
 

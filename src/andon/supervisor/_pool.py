@@ -881,13 +881,7 @@ def _forkserver_pid() -> int | None:
     from multiprocess import forkserver
 
     pid: int | None = forkserver._forkserver._forkserver_pid
-    if pid is None:
-        return None
-    try:
-        exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return None
-    return pid if exited is None else None
+    return pid if pid is not None and procs.child_running(pid) else None
 
 
 def _forkserver_holds(names: frozenset[str]) -> list[str]:
