@@ -220,21 +220,17 @@ async def _chat(job: _Job) -> int:
     out.line(_HELP, "dim")
     if sum(job.queued):
         out.line(f"{sum(job.queued)} queued item(s) parked; Enter on an empty line runs them")
-    from andon._cli_run import runtime_root
+    from andon._cli_run import agent_options
 
-    s = job.settings
+    options = agent_options(
+        job.settings,
+        model=job.model,
+        cwd=job.cwd,
+        system_prompt=job.system_prompt,
+        session_id=job.session_id,
+    )
     try:
-        async with andon.open_agent(
-            job.session,
-            model=job.model,
-            cwd=job.cwd,
-            pool=andon.WorkerPoolConfig(size=s.workers, runtime_dir=runtime_root()),
-            grace=s.grace,
-            system_prompt=job.system_prompt,
-            tool_timeout=s.tool_timeout,
-            pass_env=s.pass_env,
-            session_id=job.session_id,
-        ) as agent:
+        async with andon.open_agent(job.session, **options) as agent:
             events = agent.events(since_seq=job.since_seq)
             render = asyncio.create_task(_render(events, chat))
             chat.agent = agent

@@ -44,7 +44,15 @@ from andon._cli_signals import LEDGER, record_only
 from andon.base import ConfigError, Disposed, User, session_id
 from andon.llm import Model, from_spec
 
-__all__ = ["RunJob", "exit_code_for", "new_session_dir", "run_job", "runtime_root", "sessions_root"]
+__all__ = [
+    "RunJob",
+    "agent_options",
+    "exit_code_for",
+    "new_session_dir",
+    "run_job",
+    "runtime_root",
+    "sessions_root",
+]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -304,15 +312,14 @@ async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome)
     async with asyncio.TaskGroup() as tg:  # noqa: SIM117 (the renderer outlives the agent)
         async with andon.open_agent(
             job.session,
-            model=job.model,
-            cwd=job.cwd,
-            pool=andon.WorkerPoolConfig(size=s.workers, runtime_dir=runtime_root()),
-            grace=s.grace,
+            **agent_options(
+                job.settings,
+                model=job.model,
+                cwd=job.cwd,
+                system_prompt=job.system_prompt,
+                session_id=job.session_id,
+            ),
             hooks=hooks,
-            system_prompt=job.system_prompt,
-            tool_timeout=s.tool_timeout,
-            pass_env=s.pass_env,
-            session_id=job.session_id,
         ) as agent:
             outcome.session_id = agent.session_id
             events = agent.events(since_seq=job.since_seq)
@@ -384,6 +391,30 @@ def sessions_root(environ: Mapping[str, str] | None = None) -> Path:
     if not state or not os.path.isabs(state):  # the XDG spec: a relative path is ignored
         state = os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state) / "andon" / "sessions"
+
+
+def agent_options(
+    settings: Settings,
+    *,
+    model: Model,
+    cwd: str | None,
+    system_prompt: str | None,
+    session_id: str | None,
+) -> dict[str, Any]:
+    """The ``open_agent`` options every CLI session takes from its settings (``andon run``,
+    ``resume`` and ``chat``), so that one setting cannot reach one command and miss another."""
+    import andon
+
+    return {
+        "model": model,
+        "cwd": cwd,
+        "pool": andon.WorkerPoolConfig(size=settings.workers, runtime_dir=runtime_root()),
+        "grace": settings.grace,
+        "system_prompt": system_prompt,
+        "tool_timeout": settings.tool_timeout,
+        "pass_env": settings.pass_env,
+        "session_id": session_id,
+    }
 
 
 def runtime_root(environ: Mapping[str, str] | None = None) -> str | None:

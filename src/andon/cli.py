@@ -371,10 +371,10 @@ def _print_log(folder: Path, *, as_json: bool) -> int:
 
 
 def _check(folder: Path) -> int:
-    from andon.session import check, live_holder, read
+    from andon.session import live_holder
 
-    if folder.is_file():
-        return _check_file(folder)
+    if folder.is_file():  # an ``andon run --json`` file: as it is, no lock, no live test
+        return _check_log(folder, is_file=True)
     holder = live_holder(folder)
     if holder is not None:
         # Its open turn is simply still running: not a violation, and nothing to repair.
@@ -384,27 +384,12 @@ def _check(folder: Path) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    try:
-        records = read(folder)
-    except (LogCorrupted, LogFormatUnsupported) as e:
-        print(f"andon: cannot read the log: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    violations = check(records)
-    if records.torn is not None:
-        print(
-            f"torn tail: {records.torn.length} bytes at offset {records.torn.offset} (repairable)"
-        )
-    if not violations:
-        print(f"ok: {len(records)} records, every invariant holds")
-        return EXIT_OK
-    for v in violations:
-        print(f"seq {v.seq}: [{v.rule}] {v.message}")
-    print(f"{len(violations)} violation(s); a crashed session is fixed with 'andon repair'")
-    return EXIT_FAILED
+    return _check_log(folder, is_file=False)
 
 
-def _check_file(path: Path) -> int:
-    """``andon check FILE``: the file as it is, read only (no lock, no repair, no live test)."""
+def _check_log(path: Path, *, is_file: bool) -> int:
+    """Read a session's log (or an ``andon run --json`` file) and report its invariants. A file
+    is checked as it is, so its advice differs: nothing of it is repaired."""
     from andon.session import check, read
 
     try:
@@ -417,17 +402,21 @@ def _check_file(path: Path) -> int:
     if records.skipped:
         skipped = f" ({records.skipped} live-only line(s) of 'andon run --json' skipped)"
     if records.torn is not None:
-        print(f"torn tail: {records.torn.length} bytes at offset {records.torn.offset}")
+        repairable = "" if is_file else " (repairable)"
+        print(f"torn tail: {records.torn.length} bytes at offset {records.torn.offset}{repairable}")
     if not violations:
         print(f"ok: {len(records)} records{skipped}, every invariant holds")
         return EXIT_OK
     for v in violations:
         print(f"seq {v.seq}: [{v.rule}] {v.message}")
-    print(
-        f"{len(violations)} violation(s) in {len(records)} records{skipped}; a file is checked "
-        "as it is: the log of a running or crashed session ends in an open turn (check or "
-        "repair its folder instead)"
-    )
+    if is_file:
+        print(
+            f"{len(violations)} violation(s) in {len(records)} records{skipped}; a file is "
+            "checked as it is: the log of a running or crashed session ends in an open turn "
+            "(check or repair its folder instead)"
+        )
+    else:
+        print(f"{len(violations)} violation(s); a crashed session is fixed with 'andon repair'")
     return EXIT_FAILED
 
 
