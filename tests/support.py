@@ -27,6 +27,7 @@ __all__ = [
     "call_entry",
     "can_force_pids",
     "leftovers",
+    "procs_with_marker",
     "session_leftovers",
     "spawn_at_pid",
     "tagged_processes",
@@ -71,6 +72,27 @@ def alive_after(found: Iterable[ProcInfo], timeout: float = 5.0) -> list[ProcInf
     finally:
         for fd in fds:
             fd.close()
+
+
+def procs_with_marker(marker: str, wait: float = 0.0) -> list[ProcInfo]:
+    """Live processes whose command line holds ``marker`` (a random string a test put there),
+    still alive after up to ``wait`` seconds. For processes the test cannot tag through their
+    environment (a container's, a remote worker's)."""
+    needle = marker.encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if needle in cmdline:
+            info = procs.stat(int(entry.name))
+            if info is not None and info.state != "Z":
+                found.append(info)
+    return alive_after(found, wait) if wait > 0 else found
 
 
 def leftovers(entry: bytes, timeout: float = 5.0) -> list[ProcInfo]:

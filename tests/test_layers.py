@@ -39,7 +39,9 @@ ALIASES = {
     "andon._cli_chat": "cli",
     "andon._cli_term": "cli",
     "andon._cli_signals": "cli",
+    "andon._cli_workers": "cli",
     "andon._entry": "cli",
+    "andon.__main__": "cli",
     "andon._bench": "cli",
 }
 ALLOWED: dict[str, set[str]] = {

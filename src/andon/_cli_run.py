@@ -41,6 +41,7 @@ from andon._cli_output import (
 from andon._cli_prices import cost
 from andon._cli_settings import Settings
 from andon._cli_signals import LEDGER, record_only
+from andon._cli_workers import launcher_of
 from andon.base import ConfigError, Disposed, User, session_id
 from andon.llm import Model, from_spec
 
@@ -414,6 +415,7 @@ def agent_options(
         "tool_timeout": settings.tool_timeout,
         "pass_env": settings.pass_env,
         "session_id": session_id,
+        "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
     }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from andon._cli_prices import Price, parse_prices
+from andon._cli_workers import CONTAINERS, ContainerSettings, parse_containers, workers_in
 from andon.base import ConfigError, GracePolicy
 
 __all__ = ["ENV_VARS", "MAX_GRACE", "TOML_FILE", "Settings", "max_workers", "resolve"]
@@ -41,7 +42,9 @@ class Settings:
     max_steps: int | None = None
     pass_env: tuple[str, ...] = ()
     thinking: bool | None = None
+    workers_in: str = "local"  # or "container:IMAGE"
     prices: Mapping[str, Price] = field(default_factory=dict)  # andon.toml only: model -> price
+    containers: ContainerSettings = field(default_factory=ContainerSettings)  # andon.toml only
 
 
 def _positive_float(name: str) -> Callable[[str], float]:
@@ -124,6 +127,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "max_steps": _positive_int("max-steps"),
     "pass_env": _names,
     "thinking": _thinking,
+    "workers_in": workers_in,
 }
 
 ENV_VARS: Final = {name: f"ANDON_{name.upper()}" for name in _PARSERS}
@@ -187,22 +191,26 @@ _PRICES: Final = "prices"
 """The one table of ``andon.toml`` that is not a setting of a flag or a variable."""
 
 
-def _from_toml(folder: Path) -> tuple[dict[str, str], dict[str, Price]]:
-    """The settings of ``andon.toml`` (as text, parsed like a variable) and its price tables."""
+def _from_toml(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """The settings of ``andon.toml`` (as text, parsed like a variable) and its tables (prices,
+    containers), parsed."""
     path = folder / TOML_FILE
     data = _toml_bytes(path)
     if data is None:
         return {}, {}
     table = _toml_table(path, data)
     out: dict[str, str] = {}
-    prices: dict[str, Price] = {}
+    tables: dict[str, Any] = {}
     for key, value in table.items():
         if key == _PRICES:
-            prices = parse_prices(value, path)
+            tables["prices"] = parse_prices(value, path)
+            continue
+        if key == CONTAINERS:
+            tables["containers"] = parse_containers(value, path)
             continue
         name = key.replace("-", "_")
         if name not in _PARSERS:
-            known = ", ".join(sorted([*_PARSERS, _PRICES]))
+            known = ", ".join(sorted([*_PARSERS, _PRICES, CONTAINERS]))
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
@@ -211,18 +219,18 @@ def _from_toml(folder: Path) -> tuple[dict[str, str], dict[str, Price]]:
         elif not isinstance(value, str | int | float):
             raise ConfigError(f"{path}: setting {key!r} must be a string, number or list")
         out[name] = str(value)
-    return out, prices
+    return out, tables
 
 
 def resolve(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> Settings:
     """Merge ``andon.toml`` (in the current directory), ``ANDON_*`` variables and ``flags``
     (a flag left at ``None``, or an empty list, is unset)."""
     environ = os.environ if env is None else env
-    raw, prices = _from_toml(Path.cwd())
+    raw, tables = _from_toml(Path.cwd())
     for name, var in ENV_VARS.items():
         if environ.get(var):
             raw[name] = environ[var]
-    values: dict[str, Any] = {"prices": prices}
+    values: dict[str, Any] = dict(tables)
     for name, text in raw.items():
         try:
             values[name] = _PARSERS[name](text)
@@ -272,3 +280,8 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         help="let a model key variable reach the tools (repeatable)",
     )
     p.add_argument("--thinking", choices=("on", "off"), help="DeepSeek thinking (default on)")
+    p.add_argument(
+        "--workers-in",
+        metavar="WHERE",
+        help="where tools run: local (default) or container:IMAGE (see [containers] in andon.toml)",
+    )

@@ -100,6 +100,51 @@ def _parser() -> argparse.ArgumentParser:
 
     register_bench(sub)
 
+    worker = sub.add_parser(
+        "worker",
+        help="run a tool worker that dials a supervisor (a container's main process, a host)",
+    )
+    worker.add_argument(
+        "--connect", required=True, metavar="ENDPOINT", help="ipc://PATH or tcp://HOST:PORT"
+    )
+    worker.add_argument("--id", dest="worker_id", help="the id the supervisor gave this worker")
+    worker.add_argument(
+        "--tools", default="default", metavar="SPEC", help="'default' or MODULE:NAME to import"
+    )
+    worker.add_argument(
+        "--server-key", metavar="KEY|FILE", help="the supervisor's CURVE public key (tcp)"
+    )
+    worker.add_argument(
+        "--keys", metavar="FILE|-", help="this worker's CURVE secret key file ('-': on stdin)"
+    )
+    worker.add_argument(
+        "--insecure", action="store_true", help="plain tcp, without CURVE (loopback only)"
+    )
+    worker.add_argument(
+        "--containment", choices=("auto", "cgroup", "subreaper", "pgroup"), default="auto"
+    )
+    worker.add_argument(
+        "--lifeline",
+        action="store_true",
+        help="stdin stays open while the launcher holds this worker; its end stops the worker",
+    )
+    worker.add_argument(
+        "--welcome-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="exit if the supervisor has not accepted this worker by then (default 60)",
+    )
+
+    keys = sub.add_parser("keys", help="CURVE keys for tool workers on other hosts")
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", parser_class=_Parser)
+    keys_sub.required = True
+    generate = keys_sub.add_parser(
+        "generate", help="write NAME.key (public) and NAME.key_secret (secret, 0600) in FOLDER"
+    )
+    generate.add_argument("folder", metavar="FOLDER")
+    generate.add_argument("--name", default="worker", help="file name stem (default: worker)")
+
     mock = sub.add_parser("mock-model", help="serve a scripted OpenAI-compatible model")
     mock.add_argument("--script", required=True, metavar="FILE", help="YAML or JSON replies")
     mock.add_argument("--port", type=int, default=0, help="port (default: any free port)")
@@ -229,12 +274,55 @@ def _dispatch(args: argparse.Namespace) -> int:
             from andon._cli_chat import run as run_chat
 
             return run_chat(args)
+        case "worker":
+            return _worker(args)
+        case "keys":
+            return _keys(args)
         case "mock-model":
             from andon.testing import mock_model_main
 
             argv = ["--script", args.script, "--port", str(args.port)]
             return mock_model_main(argv + (["--strict-reasoning"] if args.strict_reasoning else []))
     raise AssertionError(f"unhandled command {args.command!r}")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from andon.workers import WorkerProgram, default_worker_id, read_keys, run_worker_program
+
+    program = WorkerProgram(
+        endpoint=args.connect,
+        worker_id=args.worker_id or default_worker_id(),
+        tools=args.tools,
+        server_key=_server_key(args.server_key) if args.server_key else None,
+        keys=read_keys(args.keys) if args.keys else None,
+        insecure=args.insecure,
+        containment=args.containment,
+        welcome_timeout=args.welcome_timeout,
+        lifeline=args.lifeline,
+    )
+    return run_worker_program(program)
+
+
+def _server_key(value: str) -> bytes:
+    """A Z85 public key as it is, or a file holding exactly one."""
+    from andon.protocol import load_public_keys
+
+    if len(value) == 40 and not Path(value).exists():
+        return value.encode("ascii")
+    found = load_public_keys(Path(value))
+    if len(found) != 1:
+        raise ConfigError(f"--server-key {value}: holds {len(found)} keys, not one")
+    return next(iter(found))
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from andon.protocol import load_public_keys, write_keys
+
+    public, secret = write_keys(Path(args.folder), args.name)
+    (key,) = load_public_keys(public)
+    print(f"public key: {public} ({key.decode('ascii')})")
+    print(f"secret key: {secret} (keep it on the worker's host only; mode 0600)")
+    return EXIT_OK
 
 
 def _job(args: argparse.Namespace) -> RunJob:

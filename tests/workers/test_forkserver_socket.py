@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from andon.base import ErrorCode, WorkerError
-from andon.supervisor import ToolCallRequest, ToolExecutor, WorkerPool, WorkerPoolConfig, _pool
+from andon.supervisor import (
+    ToolCallRequest,
+    ToolExecutor,
+    WorkerPool,
+    WorkerPoolConfig,
+    _forkserver,
+)
 from tests.workers.pytools import more_tools
 from tests.workers.support import start
 
@@ -56,7 +62,7 @@ async def test_when_no_worker_can_start_a_waiting_call_is_answered(
     async with WorkerPool(WorkerPoolConfig(size=1), more_tools()) as pool:
         executor = ToolExecutor(pool, pool.registry)
         _forkserver_socket().unlink()
-        monkeypatch.setattr(_pool, "_restart_forkserver", cannot)
+        monkeypatch.setattr(_forkserver, "_restart_forkserver", cannot)
         await _lose_the_worker(pool, executor)
         with pytest.raises(WorkerError, match="no worker could be started"):
             await asyncio.wait_for(pool.acquire(), 30)

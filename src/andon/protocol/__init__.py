@@ -1,10 +1,20 @@
-"""The wire between the supervisor and its workers: messages, the msgpack codec, ZeroMQ framing.
+"""The wire between the supervisor and its workers: messages, the msgpack codec, ZeroMQ framing,
+and CURVE (keys and a ZAP allow-list) for workers on other hosts.
 
 Imports only ``andon.base`` (and msgpack, zmq). See workers.md, Transport and Messages.
 """
 
 from andon.protocol._checks import MAX_JSON_DEPTH
 from andon.protocol._codec import DEFAULT_MAX_BYTES, MESSAGE_TYPES, decode, encode
+from andon.protocol._curve import (
+    CurveKeys,
+    ZapAllowList,
+    curve_client,
+    curve_server,
+    load_keys,
+    load_public_keys,
+    write_keys,
+)
 from andon.protocol._framing import (
     Routed,
     recv_message,
@@ -54,6 +64,7 @@ __all__ = [
     "Cancel",
     "CancelStage",
     "Containment",
+    "CurveKeys",
     "EndedBy",
     "ErrorInfo",
     "ErrorReply",
@@ -72,8 +83,13 @@ __all__ = [
     "Started",
     "Stream",
     "Welcome",
+    "ZapAllowList",
+    "curve_client",
+    "curve_server",
     "decode",
     "encode",
+    "load_keys",
+    "load_public_keys",
     "recv_message",
     "recv_message_sync",
     "recv_routed",
@@ -82,4 +98,5 @@ __all__ = [
     "send_message_sync",
     "send_routed",
     "send_routed_sync",
+    "write_keys",
 ]

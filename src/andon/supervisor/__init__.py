@@ -2,12 +2,15 @@
 agent."""
 
 from andon.supervisor._agent import Agent, Status
+from andon.supervisor._command import CommandLauncher
+from andon.supervisor._container import ContainerLauncher, Mount, host_mounts
 from andon.supervisor._executor import (
     ExecutionObserver,
     ToolCallRequest,
     ToolExecutor,
     aborted_before_dispatch,
 )
+from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._hooks import (
     Allow,
     Deny,
@@ -23,9 +26,10 @@ from andon.supervisor._hooks import (
     TurnBudget,
     TurnStopping,
 )
+from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
 from andon.supervisor._open import DEFAULT_SYSTEM_PROMPT, SECRET_ENV, open_agent
 from andon.supervisor._outcome import StageMark, ToolOutcome
-from andon.supervisor._pool import WorkerGone, WorkerLease, WorkerPool, WorkerPoolConfig
+from andon.supervisor._pool import TcpListen, WorkerGone, WorkerLease, WorkerPool, WorkerPoolConfig
 from andon.supervisor._subagent import SubagentCall, subagent_tool
 
 __all__ = [
@@ -33,11 +37,17 @@ __all__ = [
     "SECRET_ENV",
     "Agent",
     "Allow",
+    "CommandLauncher",
+    "ContainerLauncher",
     "Deny",
     "Enter",
     "ExecutionObserver",
+    "ForkserverLauncher",
     "GiveUp",
+    "LaunchedWorker",
+    "Mount",
     "OnRequestError",
+    "PoolSetup",
     "PostTool",
     "PreStep",
     "PreTool",
@@ -46,6 +56,7 @@ __all__ = [
     "StageMark",
     "Status",
     "SubagentCall",
+    "TcpListen",
     "ToolCallInfo",
     "ToolCallRequest",
     "ToolExecutor",
@@ -53,10 +64,13 @@ __all__ = [
     "TurnBudget",
     "TurnStopping",
     "WorkerGone",
+    "WorkerLauncher",
     "WorkerLease",
     "WorkerPool",
     "WorkerPoolConfig",
+    "WorkerSpec",
     "aborted_before_dispatch",
+    "host_mounts",
     "open_agent",
     "subagent_tool",
 ]

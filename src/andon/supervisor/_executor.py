@@ -905,7 +905,7 @@ class _RunningCall:
         duration = self.clock.monotonic() - self.t0
         timeline = self.timeline
         reason = timeline.reason if isinstance(timeline, Lost) else gone.reason
-        message = f"worker lost: {reason}; andon killed the call's processes"
+        message = f"worker lost: {reason}; {gone.call_note}"
         stop = self.stop
         return ToolOutcome(
             call_id=self.request.call_id,

@@ -26,6 +26,7 @@ from andon.session import (
 from andon.supervisor._agent import Agent, check_max_parallel
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
+from andon.supervisor._launch import WorkerLauncher
 from andon.supervisor._pool import WorkerPool, WorkerPoolConfig
 from andon.workers import ToolRegistry, default
 
@@ -72,6 +73,7 @@ async def open_agent(
     pass_env: Sequence[str] = (),
     workers: WorkerPool | None = None,
     session_id: str | None = None,
+    launcher: WorkerLauncher | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
@@ -83,6 +85,9 @@ async def open_agent(
     The block owns an ``asyncio.TaskGroup``: every task the agent starts (its turn driver, and
     through it the step's tool calls and subagents) is a child of it and has ended when the block
     ends.
+
+    ``launcher`` starts the pool's workers somewhere else than as local forks (a
+    :class:`ContainerLauncher`, a :class:`CommandLauncher`); ignored with ``workers``.
 
     ``session_id`` is the id a new session's ``session/start`` records (default: a fresh one); the
     CLI names the session folder after it. It is ignored when an existing session is resumed.
@@ -137,7 +142,7 @@ async def open_agent(
         async with contextlib.AsyncExitStack() as stack:
             if workers is None:
                 workers = await stack.enter_async_context(
-                    WorkerPool(pool_config, registry, hide_env=secrets)
+                    WorkerPool(pool_config, registry, hide_env=secrets, launcher=launcher)
                 )
             else:
                 workers.hide_env(secrets)  # refuses if its workers already hold one of them

@@ -1,21 +1,22 @@
-"""The worker pool: warm local workers behind one ROUTER socket.
+"""The worker pool: workers behind one ROUTER socket, started and ended through a launcher.
 
-Workers are started through a ``multiprocess`` forkserver with the worker modules preloaded (a few
-milliseconds a worker instead of ~100 ms for a fresh interpreter); the forkserver also hands each
-worker the tool registry. The pool keeps ``size`` workers warm, watches each with a pidfd, and
-replaces any that dies. A worker that breaks the protocol is killed, reaped and replaced: broken
-means dead.
+The pool keeps ``size`` workers warm, watches each (through its launcher's exit signal and, for
+workers that are not this machine's processes, heartbeats with a deadline), and replaces any that
+ends. A worker that breaks the protocol is killed and replaced: broken means dead. Where a worker
+runs is the launcher's business (:mod:`andon.supervisor._launch`): local forks of a forkserver by
+default, containers, or another host over tcp + CURVE.
 
 **Every lease is answered.** A call's lease gets its worker's messages and, if the worker is gone
 before the call's result came through, exactly one :class:`WorkerGone`: when the worker dies, when
-andon kills it, when the pool's receiver fails, and when the pool is closed under the call (after
-the call's processes are killed). A call that asks a closed pool for a worker gets
-``WorkerError`` at once, and so does every call still waiting for one when the pool closes.
+andon kills it, when it falls silent past the heartbeat deadline, when the pool's receiver fails,
+and when the pool is closed under the call (after the call's processes are killed). A call that
+asks a closed pool for a worker gets ``WorkerError`` at once, and so does every call still waiting
+for one when the pool closes.
 
-Every task the pool starts (the receiver, replacements, welcomes) belongs to the pool's own
-``asyncio.TaskGroup``, entered when the pool starts and exited when it closes. The children never
-raise into it: a task group cancels the task that entered it when a child fails, and that is the
-pool's user, not the pool.
+Every task the pool starts (the receiver, replacements, welcomes, heartbeats) belongs to the pool's
+own ``asyncio.TaskGroup``, entered when the pool starts and exited when it closes. The children
+never raise into it: a task group cancels the task that entered it when a child fails, and that is
+the pool's user, not the pool.
 
 (The module is larger than most: starting, watching, leasing and closing workers share one state,
 and each way a worker ends must find every lease it holds.)
@@ -25,68 +26,101 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import secrets
 import shutil
-import signal as _signal
 import tempfile
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-import multiprocess
-import multiprocess.context
 import zmq
 import zmq.asyncio
-from multiprocess import popen_forkserver, spawn
 
-from andon.base import AbortSignal, ProtocolError, WorkerError, procs
+from andon.base import AbortSignal, ConfigError, ProtocolError, WorkerError, procs
 from andon.llm import API_KEY_ENV_VARS
 from andon.protocol import (
     PROTOCOL_VERSION,
+    Ack,
+    CurveKeys,
     ErrorReply,
+    Heartbeat,
     Hello,
     Message,
     Reject,
+    Result,
     Shutdown,
     Started,
     Welcome,
+    ZapAllowList,
+    curve_server,
     decode,
     encode,
 )
-from andon.workers import (
-    CgroupTree,
-    ContainmentSetting,
-    ToolRegistry,
-    WorkerOptions,
-    cgroup2_root,
-    detect_mode,
-    worker_main,
-)
+from andon.supervisor._forkserver import ForkserverLauncher
+from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.workers import ContainmentSetting, ToolRegistry
 
-__all__ = ["WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
+__all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 
-_PRELOAD = ["andon.workers"]
 _log = logging.getLogger("andon.pool")
 
 POOL_CLOSED = "the worker pool was closed"
 """Why a closed pool's calls end: the reason of their ``WorkerGone``, and of ``acquire``'s error."""
 
+HEARTBEAT_MISSES = 3
+"""A worker (or a supervisor, seen from a worker) is lost after this many heartbeat intervals of
+silence: workers.md's default, 1 s interval and lost after 3 s."""
+
+
+@dataclass(frozen=True)
+class TcpListen:
+    """Where a pool listens for workers on other hosts (``tcp://`` + CURVE).
+
+    ``address`` is bound (port 0: any free port); workers dial ``advertise`` (default: the bound
+    address). The pool's server keys are ``server_keys`` or made for the pool; each worker the
+    launcher starts gets keys of its own on the allow-list, and ``allowed`` adds the public keys of
+    workers started some other way (``andon keys generate``). Plain tcp only with ``insecure``, and
+    then only on a loopback address.
+    """
+
+    address: str
+    advertise: str | None = None
+    server_keys: CurveKeys | None = field(default=None, repr=False)
+    allowed: frozenset[bytes] = frozenset()
+    insecure: bool = False
+
+    def __post_init__(self) -> None:
+        host = _tcp_host(self.address, "listen address")
+        if self.advertise is not None:
+            _tcp_host(self.advertise, "advertised address")
+        if self.insecure and not _is_loopback(host):
+            raise ConfigError(
+                f"plain tcp (--insecure) is allowed only on a loopback address, not {host!r}: "
+                f"workers on other hosts need CURVE keys (andon keys generate)"
+            )
+
 
 @dataclass(frozen=True)
 class WorkerPoolConfig:
     size: int = 4
-    containment: ContainmentSetting = "auto"
+    containment: ContainmentSetting = "auto"  # local workers (the default launcher)
     start_timeout: float = 20.0  # hello deadline for one worker (generous: CI machines are slow)
-    # How long closing waits for a worker to exit after ``shutdown`` before it SIGKILLs the
-    # worker's group (a worker stops its call with SIGKILL first, so this is only for one that
-    # does not answer at all: stopped, swapped out, wedged).
+    # How long closing waits for a worker to exit after ``shutdown`` before it kills it (a worker
+    # stops its call with SIGKILL first, so this is only for one that does not answer at all:
+    # stopped, swapped out, wedged).
     stop_timeout: float = 5.0
-    heartbeat_interval: float = 1.0  # remote workers only; local liveness comes from pidfds
+    # Workers that are not this machine's processes only; local liveness comes from pidfds.
+    heartbeat_interval: float = 1.0
     max_message_bytes: int = 16 * 1024 * 1024
     runtime_dir: str | None = None  # parent of the private 0700 folder; default XDG/tmp
+    tcp: TcpListen | None = None  # for launchers whose workers dial tcp
     # Tests only: make every worker break the protocol on purpose (see WorkerOptions.fault).
     worker_fault: Literal["garbage-after-started"] | None = None
 
@@ -95,6 +129,12 @@ class WorkerPoolConfig:
             raise ValueError("a worker pool needs at least one worker")
         if not self.stop_timeout >= 0:
             raise ValueError("stop_timeout must be a number of seconds, at least 0")
+        if not self.heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be a number of seconds, above 0")
+
+    @property
+    def heartbeat_deadline(self) -> float:
+        return self.heartbeat_interval * HEARTBEAT_MISSES
 
 
 @dataclass(frozen=True)
@@ -103,22 +143,31 @@ class WorkerGone:
 
     reason: str
     on_purpose: bool
+    call_note: str = "andon killed the call's processes"
+    """What became of the call's processes (the launcher's words)."""
 
 
 @dataclass
 class _Worker:
     worker_id: str
-    process: Any  # multiprocess.Process
-    pid: int = 0
+    launched: LaunchedWorker | None = None  # None while its launcher starts it
     ready: asyncio.Future[Hello] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    pidfd: int | None = None
-    handle: procs.Pidfd | None = None  # the same pidfd, verified: reaches the worker's group
     lease: WorkerLease | None = None
     killed_on_purpose: bool = False
     kill_reason: str | None = None
     dead: bool = False
+    ended: bool = False  # its end was handled (answered, replaced); a later exit only frees it
+    heard: float = 0.0  # time.monotonic() of its last message (heartbeat deadline)
+    hello_pid: int = 0
+
+    @property
+    def pid(self) -> int:
+        """Its pid on this machine, else the pid it reported (its own namespace's)."""
+        if self.launched is not None and self.launched.pid:
+            return self.launched.pid
+        return self.hello_pid
 
 
 class WorkerLease:
@@ -172,31 +221,46 @@ class WorkerLease:
     def _answer_gone(self, reason: str, on_purpose: bool) -> None:
         if not self.gone:
             self.gone = True
-            self.messages.put_nowait(WorkerGone(reason, on_purpose))
+            note = self._pool.launcher.lost_call_note
+            self.messages.put_nowait(WorkerGone(reason, on_purpose, note))
 
 
 class WorkerPool:
     """``async with WorkerPool(config, registry) as pool: lease = await pool.acquire(signal)``.
 
-    No worker holds a model API key (workers.md, Tool environment): the forkserver is exec'd
-    without andon's key variables and without ``hide_env`` (a custom adapter's ``api_key_env``,
-    a caller's ``secret_env``), and the workers and call processes are forks of it. Start refuses
-    (``WorkerError``) rather than start a worker whose environment holds one of them.
+    ``launcher`` starts the workers (default: :class:`ForkserverLauncher`, local forks). No worker
+    holds a model API key (workers.md, Tool environment): a launcher starts its workers without
+    andon's key variables and without ``hide_env`` (a custom adapter's ``api_key_env``, a
+    caller's ``secret_env``), and refuses (``WorkerError``) rather than start one that holds one.
     """
 
     def __init__(
-        self, config: WorkerPoolConfig, registry: ToolRegistry, *, hide_env: Iterable[str] = ()
+        self,
+        config: WorkerPoolConfig,
+        registry: ToolRegistry,
+        *,
+        hide_env: Iterable[str] = (),
+        launcher: WorkerLauncher | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         # The variables no worker of this pool may hold (it may only grow: see hide_env()).
         self.hidden_env: frozenset[str] = API_KEY_ENV_VARS | frozenset(hide_env)
         self._worker_registry = registry.for_workers()
-        self.containment = detect_mode(config.containment)
+        self.launcher: WorkerLauncher = launcher or ForkserverLauncher(
+            config.containment, worker_fault=config.worker_fault
+        )
+        self.containment = self.launcher.containment
+        self.identity = _pool_identity()
+        """Unique to this pool on this machine; launchers name and label what they make with it."""
+        if self.launcher.transport == "tcp" and config.tcp is None:
+            raise ConfigError("this launcher's workers dial tcp: give the pool config a tcp=")
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
+        self._zap: ZapAllowList | None = None
+        self._server_keys: CurveKeys | None = None
         self._runtime: Path | None = None
-        self._cgroups: CgroupTree | None = None
+        self._endpoint = ""  # what workers connect to
         self._workers: dict[str, _Worker] = {}
         self._idle: list[_Worker] = []
         # Calls waiting for an idle worker: bare futures (not tasks), resolved by a release, a
@@ -206,13 +270,13 @@ class WorkerPool:
         # Why no more work is taken (POOL_CLOSED, or the receiver's failure); None while running.
         self._stopping: str | None = None
         self._closed = False
-        self._forkserver_held = False
+        self._launcher_open = False
         # Background tasks (the receiver, replacements, welcomes) belong to this task group, from
         # start() to aclose(); ``_tasks`` is the same set, kept to cancel them at the close.
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._mp = multiprocess.get_context("forkserver")
         self.on_broken: Callable[[str, str], None] | None = None  # (worker id, reason), for tests
+        self.on_refused: Callable[[str], None] | None = None  # a handshake refused (tcp), why
         self.error_replies: list[tuple[str, str]] = []  # error answers outside any call
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -239,6 +303,16 @@ class WorkerPool:
             await self.aclose()
             raise
 
+    @property
+    def endpoint(self) -> str:
+        """What this pool's workers connect to (``ipc://…`` or ``tcp://HOST:PORT``)."""
+        return self._endpoint
+
+    @property
+    def server_public_key(self) -> bytes | None:
+        """The pool's CURVE public key (Z85) when it listens on tcp with CURVE."""
+        return self._server_keys.public if self._server_keys is not None else None
+
     async def _start(self) -> None:
         parent = self.config.runtime_dir or os.environ.get("XDG_RUNTIME_DIR") or None
         if parent is not None and not os.path.isdir(parent):
@@ -251,39 +325,70 @@ class WorkerPool:
             self._runtime.rmdir()
             self._runtime = Path(tempfile.mkdtemp(prefix="andon-", dir="/tmp"))
             endpoint = f"ipc://{self._runtime}/pool.sock"
-        self._endpoint = endpoint
-        if self.containment == "cgroup":
-            root = cgroup2_root()
-            if root is not None:
-                CgroupTree.sweep_stale(root)
-                # Random per pool: two pools in one process never share a tree.
-                self._cgroups = CgroupTree.new(root, os.getpid())
-                self._cgroups.create_base()
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         # A send to a worker that is gone fails (EHOSTUNREACH) instead of vanishing silently.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes * 2)
-        sock.bind(endpoint)
         self._sock = sock
-        self._mp.set_forkserver_preload(_PRELOAD)
-        _ForkserverUsers.acquire()
-        self._forkserver_held = True
+        if self.launcher.transport == "tcp":
+            endpoint = await self._bind_tcp(sock)
+        else:
+            sock.bind(endpoint)
+        self._endpoint = endpoint
+        await self.launcher.open(
+            PoolSetup(
+                runtime_dir=self._runtime,
+                registry=self._worker_registry,
+                hidden_env=self.hidden_env,
+                max_message_bytes=self.config.max_message_bytes,
+                identity=self.identity,
+            )
+        )
+        self._launcher_open = True
         self._spawn_task(self._receive)
-        workers = [self._spawn() for _ in range(self.config.size)]
+        if self.launcher.heartbeats:
+            self._spawn_task(self._heartbeats)
         # A task group, not gather, so no wait runs on after a failed start. Its children report
         # a failure rather than raise it: on Python 3.11 a child failing while the group exits
         # leaves the waiting task's cancel count raised for good (fixed in 3.12).
         async with asyncio.TaskGroup() as tg:
-            waits = [tg.create_task(_error_of(self._await_ready, worker)) for worker in workers]
+            waits = [tg.create_task(_error_of(self._start_one)) for _ in range(self.config.size)]
         for wait in waits:
             error = wait.result()
             if error is not None:
                 raise error  # the first worker that did not start
 
+    async def _bind_tcp(self, sock: zmq.asyncio.Socket) -> str:
+        tcp = self.config.tcp
+        assert tcp is not None and self._ctx is not None
+        if not tcp.insecure:
+            self._server_keys = tcp.server_keys or CurveKeys.generate()
+            # The ZAP handler must serve before the socket binds: a handshake reaching a socket
+            # with no handler is accepted unchecked.
+            self._zap = ZapAllowList(tcp.allowed, on_refused=self._on_refused)
+            await self._zap.start(self._ctx)
+            curve_server(sock, self._server_keys)
+        sock.bind(tcp.address)
+        bound = sock.getsockopt(zmq.LAST_ENDPOINT)
+        bound_text = bound.decode() if isinstance(bound, bytes) else str(bound)
+        port = urlsplit(bound_text).port
+        if tcp.advertise is not None:
+            advertised = urlsplit(tcp.advertise)
+            return f"tcp://{advertised.hostname}:{advertised.port or port}"
+        return bound_text
+
+    def _on_refused(self, reason: str) -> None:
+        _log.warning("a worker was refused at the handshake: %s", reason)
+        if self.on_refused is not None:
+            self.on_refused(reason)
+
+    async def _start_one(self) -> None:
+        await self._await_ready(await self._spawn())
+
     async def aclose(self) -> None:
-        """Stop every worker and leave no process behind (workers, forkserver, tracker).
+        """Stop every worker and leave no process behind (workers, and what the launcher runs).
 
         Every call still running in a worker is answered: its worker stops it (SIGKILL to its
         group, then a sweep) and reports its result; if that result does not come through, the
@@ -297,25 +402,26 @@ class WorkerPool:
         self._stop_taking_work(POOL_CLOSED)
         workers = list(self._workers.values())
         leases = [w.lease for w in workers if w.lease is not None]
-        live = [w for w in workers if not w.dead and w.pid]
+        live = [w for w in workers if not w.ended and w.launched is not None]
         # Idle workers hold nothing (a call is answered only once its process group is empty):
-        # they are ended at once, all from one scan, instead of being asked to exit and waited
-        # on through their interpreters' teardown (cli.md, A fast exit).
+        # they are ended at once, all together, instead of being asked to exit and waited on
+        # through their interpreters' teardown (cli.md, A fast exit).
         idle = [w for w in live if w.lease is None]
         for worker in idle:
             worker.killed_on_purpose = True
             worker.kill_reason = worker.kill_reason or POOL_CLOSED
-        self._end_idle(idle)
+        with contextlib.suppress(Exception):
+            self.launcher.kill_idle([w.launched for w in idle if w.launched is not None])
         for worker in live:
             if worker.lease is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._send(worker, Shutdown(grace=0.0)), 1.0)
-        # Killed idle workers are reaped last: by then their exits have overlapped the rest.
-        for worker in [w for w in workers if w not in idle]:
-            await self._reap_logged(worker)
-        # The reap took each worker's exit over from _on_exit, so it is answered here: a call
-        # whose result did not come through (the worker had to be killed, or exited first) still
-        # gets exactly one answer, once nothing of it is left.
+        # Killed idle workers are waited for last: by then their exits have overlapped the rest.
+        for worker in [w for w in live if w not in idle]:
+            await self._stop_logged(worker)
+        # Each worker's exit is handled here rather than by _on_exit (which does nothing once
+        # the pool is closing): a call whose result did not come through (the worker had to be
+        # killed, or exited first) still gets exactly one answer, once nothing of it is left.
         for lease in leases:
             if lease._worker.lease is lease and not lease.gone:
                 try:
@@ -332,25 +438,36 @@ class WorkerPool:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+        if self._zap is not None:
+            with contextlib.suppress(Exception):
+                await self._zap.aclose()
+            self._zap = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-        if self._forkserver_held:
-            self._forkserver_held = False
-            _ForkserverUsers.release()
         for worker in idle:
-            await self._reap_logged(worker)
-        if self._cgroups is not None:
-            self._cgroups.remove_all()
+            await self._stop_logged(worker)
+        for worker in list(self._workers.values()):
+            self._free(worker)
+        if self._launcher_open:
+            self._launcher_open = False
+            try:
+                await self.launcher.aclose()
+            except Exception:
+                _log.exception("the worker launcher did not close cleanly")
         if self._runtime is not None:
             shutil.rmtree(self._runtime, ignore_errors=True)
             self._runtime = None
 
-    async def _reap_logged(self, worker: _Worker) -> None:
+    async def _stop_logged(self, worker: _Worker) -> None:
         try:
-            await self._reap(worker, timeout=self.config.stop_timeout)
+            if worker.launched is not None:
+                await self.launcher.stop(worker.launched, self.config.stop_timeout)
         except Exception:  # one worker that will not go must not keep the rest running
-            _log.exception("could not reap worker %s", worker.worker_id)
+            _log.exception("could not stop worker %s", worker.worker_id)
+        worker.dead = True
+        worker.ended = True
+        self._free(worker)
 
     async def close(self) -> None:
         """The same as :meth:`aclose`."""
@@ -361,13 +478,11 @@ class WorkerPool:
         brings its own model's key variable).
 
         Raises ``WorkerError`` naming the variables (never their values) if the running workers
-        already hold one of them: they are forks of a forkserver exec'd with it, and nothing
-        short of a new forkserver (which needs every worker of the process gone) takes it out.
+        already hold one of them (local workers: they are forks of a forkserver exec'd with it,
+        and nothing short of a new forkserver takes it out).
         """
         self.hidden_env = self.hidden_env | frozenset(names)
-        held = _forkserver_holds(self.hidden_env)
-        if held:
-            raise WorkerError(_holds_message(held))
+        self.launcher.hide_env(self.hidden_env)
 
     def _stop_taking_work(self, reason: str) -> None:
         """No more leases: every call waiting for a worker wakes and gets ``WorkerError``."""
@@ -413,9 +528,9 @@ class WorkerPool:
             if worker.dead or worker.kill_reason is not None or self._stopping is not None:
                 return  # gone, or going: never lent again
             if self._exited(worker):
-                # Dying: it would fail the next, unrelated call. Retire it; its exit (pidfd)
-                # starts a replacement. (andon never signals a healthy worker: a call's stages
-                # go to the call's own process group.)
+                # Dying: it would fail the next, unrelated call. Retire it; its exit starts a
+                # replacement. (andon never signals a healthy worker: a call's stages go to the
+                # call's own process group.)
                 self._kill(worker, "retired: it is exiting")
                 return
             self._idle.append(worker)
@@ -423,70 +538,47 @@ class WorkerPool:
 
     @staticmethod
     def _exited(worker: _Worker) -> bool:
-        """The worker has exited even if its pidfd callback has not run yet."""
-        return worker.handle is not None and worker.handle.exited()
+        """The worker has exited even if its exit callback has not run yet."""
+        return worker.launched is not None and worker.launched.has_exited()
 
     @property
     def workers(self) -> dict[str, int]:
-        """Live workers: id -> pid."""
+        """Live workers: id -> pid (on this machine, else in the worker's own namespace)."""
         return {w.worker_id: w.pid for w in self._workers.values() if not w.dead}
 
     # -- workers ---------------------------------------------------------------------------
 
-    def _spawn(self) -> _Worker:
+    async def _spawn(self) -> _Worker:
         self._counter += 1
         worker_id = f"w{self._counter}"
-        assert self._runtime is not None
-        options = WorkerOptions(
-            endpoint=self._endpoint,
-            worker_id=worker_id,
-            registry=self._worker_registry,
-            supervisor_pid=os.getpid(),
-            containment=self.containment,
-            log_path=str(self._runtime / f"{worker_id}.log"),
-            cgroup_base=str(self._cgroups.base) if self._cgroups is not None else None,
-            max_message_bytes=self.config.max_message_bytes,
-            fault=self.config.worker_fault,
-        )
-
-        def process_of() -> _WorkerProcess:
-            name = f"andon-worker-{worker_id}"
-            return _WorkerProcess(target=worker_main, args=(options,), name=name, daemon=True)
-
-        process = process_of()
-        _ensure_forkserver(self.hidden_env)
-        try:
-            process.start()
-        except (FileNotFoundError, ConnectionRefusedError):
-            # The forkserver's listening socket is gone (multiprocess keeps it in the temporary
-            # folder, which a tool's ``rm -rf /tmp/*`` empties): a new forkserver, and once more.
-            _log.warning("the workers' forkserver lost its socket; starting a new one")
-            _restart_forkserver(self.hidden_env)
-            process = process_of()
-            process.start()
-        worker = _Worker(worker_id=worker_id, process=process, pid=process.pid)
+        worker = _Worker(worker_id=worker_id)
+        # Known before its launcher returns: a worker may say hello while the engine still
+        # answers the start request.
         self._workers[worker_id] = worker
-        # multiprocess restarts a forkserver that died between the check above and the start
-        # (from the environment as it is then, keys and all): the worker is looked at, not
-        # trusted, and one that would hold a key never gets a call.
-        held = _forkserver_holds(self.hidden_env)
-        info = procs.stat(worker.pid)
-        # The worker is the forkserver's child, so nothing of ours pins its pid: hold it as a
-        # verified pidfd from the start, and signal it only through that.
-        handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
-        if held and handle is not None:
-            procs.signal_group(handle, _signal.SIGKILL)
-            handle.close()
+        keys: CurveKeys | None = None
+        if self._zap is not None:
+            keys = CurveKeys.generate()
+            self._zap.allow(keys.public)
+        spec = WorkerSpec(
+            worker_id=worker_id,
+            endpoint=self._endpoint,
+            heartbeat_interval=self.config.heartbeat_interval if self.launcher.heartbeats else 0.0,
+            server_key=self.server_public_key,
+            worker_keys=keys,
+        )
+        try:
+            launched = await self.launcher.start(spec)
+        except BaseException:
             self._workers.pop(worker_id, None)
-            with contextlib.suppress(Exception):
-                process.join(5.0)
-            raise WorkerError(_holds_message(held), worker=worker_id)
-        if handle is None:
-            worker.dead = True
-            return worker
-        worker.handle = handle
-        worker.pidfd = handle.fd
-        asyncio.get_running_loop().add_reader(worker.pidfd, self._on_exit, worker)
+            if keys is not None and self._zap is not None:
+                self._zap.disallow(keys.public)
+            raise
+        worker.launched = launched
+        worker.heard = time.monotonic()
+        if self._closed:  # closed while the engine started it: it is not wanted
+            worker.killed_on_purpose = True
+            self.launcher.kill(launched)
+        launched.exit.add_done_callback(lambda _f: self._on_exit(worker))
         return worker
 
     async def _await_ready(self, worker: _Worker) -> None:
@@ -506,7 +598,7 @@ class WorkerPool:
         if self._stopping is not None:
             return
         try:
-            worker = self._spawn()
+            worker = await self._spawn()
         except Exception as e:
             # No replacement: if no worker is left, a call waiting for one would wait forever;
             # it gets the reason instead (WORKER_LOST, not run).
@@ -518,10 +610,10 @@ class WorkerPool:
             await self._await_ready(worker)
 
     def _on_exit(self, worker: _Worker) -> None:
-        """The worker's pidfd is readable: it exited, whatever the reason."""
-        loop = asyncio.get_running_loop()
-        if worker.pidfd is not None:
-            loop.remove_reader(worker.pidfd)
+        """The worker ended, whatever the reason (or it was written off as lost)."""
+        if worker.ended:  # written off as lost before: now it has really ended
+            self._free(worker)
+            return
         worker.dead = True
         if not worker.ready.done():
             worker.ready.set_exception(
@@ -530,6 +622,9 @@ class WorkerPool:
                 )
             )
             worker.ready.exception()  # mark retrieved; the start path reports it
+        if self._closed:
+            return  # the close waits for it and answers its call
+        worker.ended = True
         lease = worker.lease
         if lease is not None:
             self._kill_call_processes(lease)
@@ -539,34 +634,30 @@ class WorkerPool:
                 or ("ended by andon" if worker.killed_on_purpose else "the worker process died")
             )
             lease._answer_gone(reason, worker.killed_on_purpose or self._stopping is not None)
-        self._reap_now(worker)
+        if worker.launched is not None and worker.launched.has_exited():
+            self._free(worker)
         if self._stopping is None:
             self._spawn_task(self._replace)
 
-    def _kill_call_processes(self, lease: WorkerLease) -> None:
-        """A lost worker's call: SIGKILL every process carrying the call's tag, and its cgroup
-        when it is a leaf of this pool's own tree. Never a group by number: the worker that
-        pinned it is gone."""
-        if lease.tag is None:
+    def _free(self, worker: _Worker) -> None:
+        """Give what the launcher holds for an ended worker back (once), and forget it."""
+        if self._workers.get(worker.worker_id) is not worker:
             return
-        started = lease.started
-        cgroup = Path(started.cgroup) if started is not None and started.cgroup else None
-        if cgroup is None and self._cgroups is not None:
-            # Lost before its ``started`` arrived: the leaf's name is known from the tag alone
-            # (the worker names it so), and this pool's own tree is the only place it can be.
-            cgroup = self._cgroups.base / f"call-{lease.tag}"
-        owned = cgroup is not None and self._cgroups is not None and self._cgroups.owns(cgroup)
-        leader = (
-            procs.ProcessKey.from_create_time(started.pid, started.create_time)
-            if started is not None
-            else None
-        )
-        procs.kill_call(
-            procs.CallIdentity(lease.tag, leader, cgroup if owned else None), cgroup_owned=owned
-        )
+        self._workers.pop(worker.worker_id, None)
+        if worker.launched is not None:
+            with contextlib.suppress(Exception):
+                self.launcher.release(worker.launched)
+
+    def _kill_call_processes(self, lease: WorkerLease) -> None:
+        """A lost worker's call: what it started is killed where the launcher can reach it
+        (local workers: by the call's tag and cgroup, never a group by number)."""
+        worker = lease._worker
+        if lease.tag is None or worker.launched is None:
+            return
+        self.launcher.kill_call(worker.launched, lease.tag, lease.started)
 
     def _kill(self, worker: _Worker, reason: str) -> None:
-        if worker.dead or not worker.pid:
+        if worker.dead or worker.launched is None:
             return
         if not worker.killed_on_purpose:
             _log.warning("killing worker %s: %s", worker.worker_id, reason)
@@ -576,54 +667,39 @@ class WorkerPool:
         worker.kill_reason = worker.kill_reason or reason
         if worker.lease is not None:
             self._kill_call_processes(worker.lease)
-        if worker.handle is not None:
-            procs.signal_group(worker.handle, _signal.SIGKILL)
+        self.launcher.kill(worker.launched)
 
-    def _end_idle(self, idle: list[_Worker]) -> None:
-        """SIGKILL idle workers and whatever joined their process groups or cgroups. In cgroup
-        mode a worker's leaf holds the worker and anything that slipped into its group, and
-        ``cgroup.kill`` needs no scan of ``/proc`` (a few ms on a busy machine); otherwise one
-        scan serves every worker."""
-        handles = [w.handle for w in idle if w.handle is not None]
-        if self._cgroups is None:
-            procs.signal_groups(handles, _signal.SIGKILL)
-            return
-        for handle in handles:
-            handle.send(_signal.SIGKILL)
-        for worker in idle:
-            leaf = self._cgroups.base / f"worker-{worker.worker_id}"
-            if leaf.is_dir():
-                CgroupTree.kill(leaf)
-
-    def _reap_now(self, worker: _Worker) -> None:
-        with contextlib.suppress(Exception):
-            worker.process.join(0)
-        if worker.handle is not None:
-            worker.handle.close()
-            worker.handle = None
-            worker.pidfd = None
-        self._workers.pop(worker.worker_id, None)
-
-    async def _reap(self, worker: _Worker, timeout: float) -> None:
+    def _lose(self, worker: _Worker, reason: str) -> None:
+        """The worker fell silent: it is lost now, not when its end can be confirmed (an engine
+        that cannot be reached might never confirm it). Its call is answered ``WorkerGone``
+        (not on purpose: ``WORKER_LOST``), the launcher's kill is the backstop, and a
+        replacement starts."""
         if worker.dead:
-            self._reap_now(worker)
             return
-        fd = worker.pidfd
-        if fd is not None:
-            loop = asyncio.get_running_loop()
-            exited = loop.create_future()
-            loop.remove_reader(fd)
-            loop.add_reader(fd, _resolve, exited)
-            try:
-                await asyncio.wait_for(asyncio.shield(exited), timeout)
-            except TimeoutError:
-                if worker.handle is not None:
-                    procs.signal_group(worker.handle, _signal.SIGKILL)
-                await asyncio.wait_for(exited, 5.0)
-            finally:
-                loop.remove_reader(fd)
-        worker.dead = True
-        self._reap_now(worker)
+        _log.warning("worker %s is lost: %s", worker.worker_id, reason)
+        if self.on_broken is not None:
+            self.on_broken(worker.worker_id, reason)
+        worker.kill_reason = reason
+        if worker.launched is not None:
+            with contextlib.suppress(Exception):
+                self.launcher.kill(worker.launched)
+        self._on_exit(worker)
+
+    async def _heartbeats(self) -> None:
+        """Both ways: a heartbeat to every welcomed worker each interval, and any worker silent
+        for longer than the deadline is lost (a worker does the same with the pool)."""
+        interval = self.config.heartbeat_interval
+        deadline = self.config.heartbeat_deadline
+        while self._stopping is None:
+            await asyncio.sleep(interval)  # sleep-ok: the heartbeat's own period
+            now = time.monotonic()
+            for worker in list(self._workers.values()):
+                if worker.dead or worker.launched is None:
+                    continue
+                if worker.ready.done() and now - worker.heard > deadline:
+                    self._lose(worker, f"silent for more than {deadline:g}s (heartbeat deadline)")
+                elif worker.ready.done():
+                    self._spawn_task(self._send, worker, Heartbeat(time=time.time()))
 
     def _spawn_task(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         """Run ``fn(*args)`` in the pool's task group. The coroutine is made inside the task, so
@@ -700,6 +776,7 @@ class WorkerPool:
             # A stranger, or a worker already written off: once andon decided to kill a
             # worker, nothing more it says is believed (its call gets WORKER_LOST).
             return
+        worker.heard = time.monotonic()
         self._dispatch(worker, msg)
 
     def _dispatch(self, worker: _Worker, msg: Message) -> None:
@@ -709,10 +786,29 @@ class WorkerPool:
                     self._spawn_task(self._send, worker, Reject(reason="protocol version mismatch"))
                     self._kill(worker, "protocol version mismatch")
                     return
+                missing = [n for n in self._worker_registry.names if n not in msg.tools]
+                if missing:
+                    # A worker started from another image or install: it would fail the calls
+                    # of the tools it lacks, one by one. Refused, and the start says why.
+                    reason = (
+                        f"worker {worker.worker_id} does not offer the tools "
+                        f"{', '.join(missing)} (it offers {', '.join(msg.tools) or 'none'}); "
+                        f"start it with the same tools (andon worker --tools MODULE:NAME)"
+                    )
+                    self._spawn_task(self._send, worker, Reject(reason=reason))
+                    if not worker.ready.done():
+                        worker.ready.set_exception(WorkerError(reason, worker=worker.worker_id))
+                        worker.ready.exception()
+                    self._kill(worker, reason)
+                    return
                 if not worker.ready.done():
+                    worker.hello_pid = msg.pid
                     worker.ready.set_result(msg)
                     welcome = Welcome(
-                        heartbeat_interval=0.0,  # local: liveness through pidfds
+                        # 0 for local workers: their liveness comes from pidfds
+                        heartbeat_interval=(
+                            self.config.heartbeat_interval if self.launcher.heartbeats else 0.0
+                        ),
                         max_message_bytes=self.config.max_message_bytes,
                     )
                     self._spawn_task(self._send, worker, welcome)
@@ -730,6 +826,39 @@ class WorkerPool:
                 if isinstance(msg, Started):
                     lease.started = msg
                 lease.messages.put_nowait(msg)
+                if isinstance(msg, Result) and self.launcher.heartbeats:
+                    # A worker that is stopping (SIGTERM from its engine) exits only once its
+                    # result is known to be here: its exit must never overtake its last frame.
+                    ack = Ack(call_id=msg.call_id, offset=msg.output_bytes)
+                    self._spawn_task(self._send, worker, ack)
+
+
+def _tcp_host(address: str, what: str) -> str:
+    parts = urlsplit(address)
+    if parts.scheme != "tcp" or not parts.hostname:
+        raise ConfigError(f"the {what} must look like tcp://HOST:PORT, not {address!r}")
+    try:
+        parts.port  # noqa: B018 - raises for a port that is not a number
+    except ValueError:
+        raise ConfigError(f"the {what} {address!r} has a bad port") from None
+    return parts.hostname
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _pool_identity() -> str:
+    """Unique to one pool on this machine: the pid, the process's start time, the pid namespace
+    and a random part (two pools of one process, or two namespaces reusing a pid, never meet)."""
+    info, pidns = procs.stat(os.getpid()), procs.pid_namespace()
+    start = info.start if info is not None else 0
+    return f"{os.getpid()}-s{start}-ns{pidns or 0}-{secrets.token_hex(4)}"
 
 
 def _resolver(fut: asyncio.Future[None]) -> Callable[[object], None]:
@@ -761,193 +890,3 @@ async def _never_raises(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any
         await fn(*args)
     except Exception:
         _log.exception("a worker pool task failed")
-
-
-class _WorkerPopen(popen_forkserver.Popen):  # type: ignore[misc]
-    """Starts a worker without re-running the parent's ``__main__`` in it.
-
-    multiprocess normally re-imports the parent's main script in every child (so that objects
-    defined there can be unpickled). For a worker that would re-run a user's driver script, or
-    pytest. The registry is pickled by value where needed (dill), so the main module is not needed:
-    leave it out of the preparation data.
-    """
-
-    def _launch(self, process_obj: Any) -> None:
-        original = spawn.get_preparation_data
-
-        def without_main(name: str) -> dict[str, Any]:
-            data: dict[str, Any] = original(name)
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-            return data
-
-        spawn.get_preparation_data = without_main
-        try:
-            super()._launch(process_obj)
-        finally:
-            spawn.get_preparation_data = original
-
-
-class _WorkerProcess(multiprocess.context.ForkServerProcess):  # type: ignore[misc]
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:
-        return _WorkerPopen(process_obj)
-
-
-def _ensure_forkserver(hidden: frozenset[str]) -> None:
-    """Start the forkserver, if it is not running, from a scrubbed environment: without any
-    variable in ``hidden`` (or hidden by an earlier pool of this process), and with
-    ``ANDON_CALL_TAG`` holding a slot.
-
-    Workers and their Python call processes are forks of it, never exec'd: the environment
-    ``/proc`` shows for them is the one the forkserver was exec'd with, whatever their
-    ``os.environ`` says later. So the keys must be out of ``os.environ`` at the moment multiprocess
-    execs it (it passes the environment as it is then), and only then: the supervisor keeps its
-    own keys, which its model needs. The slot is the room a call process writes its call's tag
-    into (:func:`andon.base.procs.stamp_tag`), so it carries the tag like every process a shell
-    call starts.
-
-    The forkserver is one per process, shared by every pool. One already running whose
-    environment holds a variable in ``hidden`` (a later pool brought a key variable the first did
-    not hide) cannot be replaced while workers of it live (each holds it open), so this refuses
-    with ``WorkerError`` rather than start a worker that holds a key.
-    """
-    from multiprocess import forkserver, resource_tracker
-
-    _Scrub.names |= hidden
-    held = _forkserver_holds(hidden)
-    if held:
-        raise WorkerError(_holds_message(held))
-    if _forkserver_pid() is not None:
-        return  # running, and clean of every name asked for
-    names = (procs.TAG_VAR, *sorted(_Scrub.names))
-    saved = {name: os.environ.get(name) for name in names}
-    # The forkserver (and multiprocess's resource tracker, started with it) live in the
-    # supervisor's process group, where a CI runner's SIGINT/SIGTERM/SIGHUP to the whole group
-    # also lands: one that dies of it (or prints a KeyboardInterrupt while its interpreter
-    # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
-    # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
-    # once they have their own session (workers/_main.py). What arrives here meanwhile stays
-    # pending and is delivered to the supervisor when the mask is restored.
-    stop_signals = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP}
-    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
-    try:
-        for name in _Scrub.names:
-            os.environ.pop(name, None)
-        os.environ[procs.TAG_VAR] = procs.TAG_SLOT
-        # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them
-        # on its way out; started first, on its own, it cannot unblock them under the forkserver.
-        resource_tracker.ensure_running()
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
-        forkserver.ensure_running()
-    finally:
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def _restart_forkserver(hidden: frozenset[str]) -> None:
-    """Replace a forkserver that can no longer be reached (its socket deleted). It is this
-    process's unreaped child: SIGKILLed, reaped, then started afresh, scrubbed as always. The
-    workers it forked are independent of it and keep running."""
-    from multiprocess import forkserver, util
-
-    # multiprocess made its temporary folder once and keeps using it: the new socket goes there.
-    folder = util.get_temp_dir()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    server = forkserver._forkserver
-    if server._forkserver_pid is not None:
-        procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
-        with contextlib.suppress(Exception):  # its socket file is already gone: unlink fails
-            server._stop()
-    server._forkserver_pid = None
-    server._forkserver_address = None
-    _ensure_forkserver(hidden)
-
-
-class _Scrub:
-    """Every variable a pool of this process asked to hide: a forkserver started (or restarted)
-    for any pool leaves them all out, so it suits every pool already open."""
-
-    names: frozenset[str] = frozenset()
-
-
-def _forkserver_pid() -> int | None:
-    """The running forkserver's pid, or None. Never reaps it (multiprocess does, and restarts
-    a dead one itself); it is this process's unreaped child, so the pid cannot be reused."""
-    from multiprocess import forkserver
-
-    pid: int | None = forkserver._forkserver._forkserver_pid
-    return pid if pid is not None and procs.child_running(pid) else None
-
-
-def _forkserver_holds(names: frozenset[str]) -> list[str]:
-    """Which of ``names`` the running forkserver was exec'd with (so every worker holds them)."""
-    pid = _forkserver_pid()
-    if pid is None:
-        return []
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            block = f.read()
-    except OSError:
-        return []
-    present = {entry.partition(b"=")[0].decode("utf-8", "replace") for entry in block.split(b"\0")}
-    return sorted(present & names)
-
-
-def _holds_message(held: list[str]) -> str:
-    shown = ", ".join(f"${name}" for name in held)
-    return (
-        f"the workers' forkserver, shared by this process's worker pools, was started with "
-        f"{shown} in its environment, so a tool could read it; close the other pools first "
-        f"(a new forkserver starts without it), or give the first pool hide_env=[...] naming it"
-    )
-
-
-class _ForkserverUsers:
-    """The forkserver (and multiprocess's resource tracker) are per-process singletons: the last
-    pool to close stops them, so a closed pool leaves no helper process behind.
-
-    Stopped with SIGKILL, then reaped: asked politely, each would exit through a full interpreter
-    teardown (about 25 and 15 ms measured, on the exit path of every ``andon run``), and neither
-    holds anything by then: the forkserver only forks workers (none is being started once the
-    last pool closed), and the tracker only tracks named resources, which andon never creates.
-    The forkserver is andon's (the pools set its preload and start it, and multiprocess restarts
-    it for them); a tracker that was already running when the first of the open pools started
-    belongs to whoever started it and is left alone (``foreign_tracker``)."""
-
-    count = 0
-    foreign_tracker: ClassVar[int | None] = None
-
-    @classmethod
-    def acquire(cls) -> None:
-        if cls.count == 0:
-            from multiprocess import resource_tracker
-
-            cls.foreign_tracker = resource_tracker._resource_tracker._pid
-        cls.count += 1
-
-    @classmethod
-    def release(cls) -> None:
-        cls.count -= 1
-        if cls.count > 0:
-            return
-        from multiprocess import forkserver, resource_tracker
-
-        server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
-        ours_server = server._forkserver_pid is not None
-        ours_tracker = tracker._pid is not None and tracker._pid != cls.foreign_tracker
-        # Both killed first, then both reaped: their exits overlap.
-        if ours_server:
-            procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
-        if ours_tracker:
-            procs.kill_child(tracker._pid, _signal.SIGKILL)
-        if ours_server:
-            with contextlib.suppress(Exception):
-                server._stop()  # closes its fds and reaps it
-        if ours_tracker:
-            with contextlib.suppress(Exception):
-                tracker._stop()

@@ -1,6 +1,19 @@
-"""Helpers for tests, ours and users': hard-to-stop process trees and the mock model server (a
-scripted OpenAI-compatible streaming endpoint on 127.0.0.1)."""
+"""Helpers for tests, ours and users': hard-to-stop process trees, the mock model server (a
+scripted OpenAI-compatible streaming endpoint on 127.0.0.1) and real containers (a private Podman
+API service, a registry-free worker image, host bind mounts; needs the ``containers`` extra)."""
 
+from andon.testing._engine import (
+    ENGINE_URL_VAR,
+    IMAGE_LABEL,
+    PodmanService,
+    host_mount_paths,
+    host_mounts,
+    make_worker_image,
+    open_engine,
+    remove_image,
+    why_no_engine,
+    worker_ulimits,
+)
 from andon.testing._mock_server import (
     SERVER_ONLY_FIELDS,
     MockModelServer,
@@ -16,13 +29,23 @@ from andon.testing._trees import (
 )
 
 __all__ = [
+    "ENGINE_URL_VAR",
+    "IMAGE_LABEL",
     "SERVER_ONLY_FIELDS",
     "SHELL_SLEEP",
     "STUBBORN",
     "TRAP_INT",
     "MockModelServer",
+    "PodmanService",
     "RecordedRequest",
     "benchmark_tree",
+    "host_mount_paths",
+    "host_mounts",
     "leader_obeys_member_stubborn",
+    "make_worker_image",
     "mock_model_main",
+    "open_engine",
+    "remove_image",
+    "why_no_engine",
+    "worker_ulimits",
 ]

@@ -9,6 +9,14 @@ from andon.workers._containment import (
     detect_mode,
 )
 from andon.workers._main import WorkerOptions, worker_main
+from andon.workers._program import (
+    KEYS_END,
+    WorkerProgram,
+    default_worker_id,
+    load_tools,
+    read_keys,
+    run_worker_program,
+)
 from andon.workers._registry import (
     ArgumentError,
     Tool,
@@ -21,6 +29,7 @@ from andon.workers._registry import (
 
 __all__ = [
     "BASH",
+    "KEYS_END",
     "ArgumentError",
     "CgroupTree",
     "ContainmentMode",
@@ -29,9 +38,14 @@ __all__ = [
     "ToolKind",
     "ToolRegistry",
     "WorkerOptions",
+    "WorkerProgram",
     "cgroup2_root",
     "default",
+    "default_worker_id",
     "detect_mode",
+    "load_tools",
+    "read_keys",
+    "run_worker_program",
     "schema_from_signature",
     "tool",
     "validate_arguments",

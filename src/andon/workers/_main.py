@@ -3,20 +3,28 @@
 Start-up (workers.md, Worker lifecycle): become a child subreaper, leave the terminal's session,
 reset every signal disposition (a CI script may have started andon with SIGINT ignored), point fds
 0/1/2 at /dev/null and a worker log (a Python tool's ``print`` must never reach the supervisor's
-stdout), then say ``hello``. If the supervisor disappears (a pidfd on it becomes readable), the
-worker SIGKILLs its call's processes at once and exits: no tool keeps writing after its log stopped.
+stdout), then say ``hello``. If the supervisor disappears, the worker SIGKILLs its call's processes
+at once and exits: no tool keeps writing after its log stopped. A local worker learns it from a
+pidfd on the supervisor; a worker elsewhere (a container, another host) from the supervisor's
+heartbeats stopping for longer than the deadline, and it gives up if no ``welcome`` comes at all.
+
+As a program (``andon worker --connect``, a container's main process), the worker also handles
+SIGTERM and SIGINT: it drains its call on the call's own grace timeline, sends the result, and
+exits. A container's PID 1 ignores every signal it has no handler for, so without this an engine's
+stop would always wait its full timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal as _signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +36,8 @@ from andon.protocol import (
     PROTOCOL_VERSION,
     Ack,
     Cancel,
+    CancelStage,
+    CurveKeys,
     ErrorReply,
     Heartbeat,
     Hello,
@@ -37,6 +47,7 @@ from andon.protocol import (
     Shutdown,
     Started,
     Welcome,
+    curve_client,
     decode,
     encode,
 )
@@ -66,6 +77,18 @@ class WorkerOptions:
     cgroup_base: str | None = None  # the pool's own cgroup tree (cgroup mode)
     max_message_bytes: int = 16 * 1024 * 1024
     linger_ms: int = 500
+    # tcp + CURVE: the supervisor's public key and this worker's keys (on its allow-list).
+    server_key: bytes | None = None
+    curve: CurveKeys | None = field(default=None, repr=False)
+    # Workers elsewhere: exit if no welcome comes within this many seconds (the supervisor that
+    # started this one is gone, or will never accept it).
+    welcome_timeout: float | None = None
+    # A program's main process (andon worker): SIGTERM/SIGINT drain the call, then exit.
+    drain_on_term: bool = False
+    # A pipe from the launcher (an ssh client's stdin, say): its end of file means the launcher
+    # let go of this worker, or died. Then it is as if the supervisor were gone.
+    lifeline_fd: int | None = None
+    detach: bool = True  # leave the session and point fds 0/1/2 at the log (local workers)
     # Tests only: break the protocol on purpose, as a buggy or hostile worker would. Tools cannot
     # do it themselves: they run in call processes, away from the worker's socket.
     fault: Literal["garbage-after-started"] | None = None
@@ -73,7 +96,8 @@ class WorkerOptions:
 
 def worker_main(options: WorkerOptions) -> None:
     """Entry point of a worker process (the target the pool starts)."""
-    _detach(options.log_path)
+    if options.detach:
+        _detach(options.log_path)
     mode = detect_mode(options.containment)
     if mode != "pgroup" and not set_child_subreaper():
         mode = "pgroup"
@@ -107,6 +131,9 @@ def _detach(log_path: str | None) -> None:
     os.close(devnull)
 
 
+_HEARTBEAT_MISSES = 3
+"""The supervisor is lost after this many heartbeat intervals of silence (as the pool counts)."""
+
 _ACTIVE: Worker | None = None
 """The worker of this process (one per process); tests reach its socket through it."""
 
@@ -124,6 +151,12 @@ class Worker:
         self.cgroups: CgroupTree | None = None
         self.worker_cgroup: Path | None = None
         self.heartbeat_interval: float | None = None
+        self._welcomed = asyncio.Event()
+        self._heard = time.monotonic()  # the supervisor's last frame (heartbeat deadline)
+        self._draining = False
+        self._stopping = asyncio.Event()  # set once a drain is over
+        self._last_result: str | None = None  # the call id of the last result sent
+        self._result_acked = asyncio.Event()  # the pool acknowledged it (program workers)
         self._sock: zmq.asyncio.Socket | None = None
         self._call_task: asyncio.Task[None] | None = None
 
@@ -138,9 +171,15 @@ class Worker:
         sock.setsockopt(zmq.IDENTITY, self.options.worker_id.encode())
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
         sock.setsockopt(zmq.MAXMSGSIZE, self.options.max_message_bytes * 2)
+        if self.options.curve is not None and self.options.server_key is not None:
+            curve_client(sock, self.options.curve, self.options.server_key)
         sock.connect(self.options.endpoint)
         self._sock = sock
         watch_fd = self._watch_supervisor(loop)
+        self._watch_lifeline(loop)
+        if self.options.drain_on_term:
+            for sig in (_signal.SIGTERM, _signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_stop_signal)
         try:
             await self.send(
                 Hello(
@@ -155,6 +194,7 @@ class Worker:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._receive(tg))
                     tg.create_task(self._heartbeat())
+                    tg.create_task(self._stop_when_drained())
             except* _Stop:
                 pass
         finally:
@@ -183,6 +223,24 @@ class Worker:
             self.worker_cgroup = None
             self.mode = "subreaper"
 
+    def _watch_lifeline(self, loop: asyncio.AbstractEventLoop) -> None:
+        fd = self.options.lifeline_fd
+        if fd is None:
+            return
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, 4096)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._supervisor_gone()
+
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, readable)
+
     def _watch_supervisor(self, loop: asyncio.AbstractEventLoop) -> int | None:
         pid = self.options.supervisor_pid
         if pid is None:
@@ -208,17 +266,70 @@ class Worker:
             await self._sock.send_multipart([b"\xc1 not msgpack", b"\x00"])
 
     async def _heartbeat(self) -> None:
+        try:
+            await asyncio.wait_for(self._welcomed.wait(), self.options.welcome_timeout)
+        except TimeoutError:
+            # Nobody accepted this worker: nothing runs yet, so there is nothing to stop.
+            raise _Stop from None
+        interval = self.heartbeat_interval
+        if interval is None:
+            return  # local: liveness through pidfds, both ways
+        deadline = interval * _HEARTBEAT_MISSES
         while True:
-            if self.heartbeat_interval is None:
-                await asyncio.sleep(3600)  # sleep-ok: no heartbeats until a welcome sets them
-                continue
-            await asyncio.sleep(self.heartbeat_interval)
+            await asyncio.sleep(interval)  # sleep-ok: the heartbeat's own period
+            if time.monotonic() - self._heard > deadline:
+                self._supervisor_gone()  # the supervisor, or the way to it, is gone
             await self.send(Heartbeat(time=time.time()))
+
+    def _on_stop_signal(self) -> None:
+        if self._draining:
+            return
+        self._draining = True
+        asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """SIGTERM as a program: stop the call on its own grace timeline (interrupt, then TERM
+        and KILL after the call's ``term_after`` and ``kill_after``), send its result, exit."""
+        call, task = self.current, self._call_task
+        if call is not None and task is not None and not task.done():
+            grace = call.run.grace
+            stages: list[tuple[float, CancelStage]] = []
+            if grace.interrupt:
+                stages.append((0.0, "interrupt"))
+            stages.append((grace.term_after, "term"))
+            stages.append((grace.term_after + grace.kill_after, "kill"))
+            begun = time.monotonic()
+            kill_at = begun + grace.term_after + grace.kill_after
+            for at, stage in stages:
+                wait = at - (time.monotonic() - begun)
+                if math.isfinite(wait) and wait > 0:
+                    await asyncio.wait({task}, timeout=wait)
+                elif not math.isfinite(wait):
+                    await asyncio.wait({task})
+                if task.done():
+                    break
+                call.cancel(
+                    Cancel(
+                        call_id=call.run.call_id,
+                        stage=stage,
+                        kill_in=max(0.0, kill_at - time.monotonic()),
+                    )
+                )
+                await call.flush_reports()
+            await asyncio.wait({task})  # the result goes out in _run
+            # Exit only once the supervisor has the result: a worker whose exit is seen before
+            # its last frame is read would have its call written off as lost. (Bounded: a
+            # supervisor that does not answer has lost this worker anyway.)
+            interval = self.heartbeat_interval or 1.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._result_acked.wait(), interval * _HEARTBEAT_MISSES)
+        self._stopping.set()
 
     async def _receive(self, tg: asyncio.TaskGroup) -> None:
         assert self._sock is not None
         while True:
             frames = await self._sock.recv_multipart(copy=True)
+            self._heard = time.monotonic()
             try:
                 msg = decode(frames, self.options.max_message_bytes)
             except ProtocolError as e:
@@ -228,10 +339,16 @@ class Worker:
             match msg:
                 case Welcome():
                     self.heartbeat_interval = msg.heartbeat_interval or None
+                    self._welcomed.set()
                 case Reject() | Shutdown():
                     await self._shutdown()
                     raise _Stop
                 case Run():
+                    if self._draining:
+                        await self.send(
+                            ErrorReply(reason="stopping: takes no new call", call_id=msg.call_id)
+                        )
+                        continue
                     if self.current is not None:
                         await self.send(
                             ErrorReply(reason="busy: one call at a time", call_id=msg.call_id)
@@ -257,12 +374,18 @@ class Worker:
                     call = self.current
                     if call is not None and call.run.call_id == msg.call_id:
                         call.ack(msg.offset)
+                    elif msg.call_id == self._last_result:
+                        self._result_acked.set()  # the supervisor has the call's result
                 case Heartbeat():
                     pass
                 case _:
                     await self.send(
                         ErrorReply(reason=f"unexpected message {msg.type!r} sent to a worker")
                     )
+
+    async def _stop_when_drained(self) -> None:
+        await self._stopping.wait()
+        raise _Stop
 
     async def _run(self, call: CallContext) -> None:
         try:
@@ -271,6 +394,8 @@ class Worker:
             result = internal_error_result(call, e)
         finally:
             self.current = None
+        self._last_result = call.run.call_id
+        self._result_acked.clear()
         await self.send(result)
 
     async def _shutdown(self) -> None:

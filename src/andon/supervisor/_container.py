@@ -1,0 +1,323 @@
+"""Tool workers in containers, through the Docker Engine API (scale-out.md, Engines).
+
+The worker is the container's **main process** (``andon worker --connect …``): the engine starts
+it, and removing the container is the backstop that kills every process in it (measured: no
+survivor, ``setsid`` escapees included, also when the worker inside was already dead). No tool
+call is ever ``exec``'d into a container: an exec'd tree outlives its client (moby #9098).
+
+One launcher drives Docker and Podman alike (docker-py against either's API socket; ``ssh://HOST``
+reaches a remote engine). With a local engine the worker needs no network: it dials the pool's
+``ipc://`` socket in the pool's private folder, bind-mounted at the same path. Every container is
+named and labelled with the pool's identity, so nothing of another pool (another session, another
+test run on the machine) is ever taken for this one's.
+
+docker-py is synchronous: each engine request runs in a thread of the launcher's own (never the
+event loop's shared executor, which a few blocking ``wait`` calls would fill).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from andon.base import ConfigError, WorkerError
+from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+
+__all__ = ["ContainerLauncher", "Mount"]
+
+_log = logging.getLogger("andon.pool")
+_T = TypeVar("_T")
+
+POOL_LABEL = "andon.pool"
+WORKER_LABEL = "andon.worker"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount: ``source`` on the engine's host at ``target`` in the container."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+class _ContainerWorker(LaunchedWorker):
+    def __init__(self, worker_id: str, container: Any) -> None:
+        super().__init__(worker_id, pid=0)
+        self.container = container
+        self.removing = False
+
+    def describe(self) -> str:
+        return f"worker {self.worker_id} (container {self.container.name})"
+
+
+class ContainerLauncher(WorkerLauncher):
+    """Workers as containers of ``image`` on the engine at ``base_url``.
+
+    ``base_url``: ``unix:///run/podman/podman.sock``, ``unix:///var/run/docker.sock``,
+    ``ssh://user@host`` (None: the environment's ``DOCKER_HOST``, else the local Docker socket).
+    The image must hold Python 3.11+ with andon installed (``command`` starts it: ``andon``, or
+    e.g. ``("/usr/bin/python3", "-m", "andon")``). ``mounts`` adds bind mounts (the workspace the
+    tools work in, at the path the session uses); ``runtime`` and ``ulimits`` (name -> (soft,
+    hard)) pass to the engine as they are; ``tools`` is what the worker imports (``default`` or
+    ``MODULE:NAME``), and must offer every tool of the session.
+    """
+
+    transport = "ipc"
+    heartbeats = True
+    local_processes = False
+    lost_call_note = "removing its container kills the call's processes"
+    containment = None
+
+    def __init__(
+        self,
+        image: str,
+        *,
+        base_url: str | None = None,
+        mounts: Sequence[Mount] = (),
+        runtime: str | None = None,
+        ulimits: Mapping[str, tuple[int, int]] | None = None,
+        command: Sequence[str] = ("andon",),
+        tools: str = "default",
+        environment: Mapping[str, str] | None = None,
+        engine_timeout: float = 60.0,
+        welcome_timeout: float = 60.0,
+    ) -> None:
+        self.image = image
+        self.base_url = base_url
+        self.mounts = tuple(mounts)
+        self.runtime = runtime
+        self.ulimits = dict(ulimits or {})
+        self.command = tuple(command)
+        self.tools = tools
+        self.environment = dict(environment or {})
+        self.engine_timeout = engine_timeout
+        self.welcome_timeout = welcome_timeout
+        self._client: Any = None
+        self._docker: Any = None
+        self._setup: PoolSetup | None = None
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+
+    # -- engine calls in threads --------------------------------------------------------------
+
+    def _in_thread(self, fn: Callable[[], _T], name: str) -> asyncio.Future[_T]:
+        """``fn()`` in a thread of the launcher's own; its result as a future of the loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+
+        def settle(value: _T | None, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)  # type: ignore[arg-type]
+
+        def body() -> None:
+            try:
+                value = fn()
+            except BaseException as e:  # handed to the loop, never lost in a thread
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    loop.call_soon_threadsafe(settle, None, e)
+            else:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(settle, value, None)
+            finally:
+                with self._lock:
+                    self._threads.discard(threading.current_thread())
+
+        thread = threading.Thread(target=body, name=f"andon-engine-{name}", daemon=True)
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+        return future
+
+    # -- the seam -----------------------------------------------------------------------------
+
+    async def open(self, setup: PoolSetup) -> None:
+        try:
+            import docker
+        except ImportError:
+            raise ConfigError(
+                "tool workers in containers need the docker package: "
+                "pip install 'andon[containers]'"
+            ) from None
+        self._docker = docker
+        self._setup = setup
+
+        def connect() -> Any:
+            if self.base_url is None:
+                client = docker.from_env(timeout=self.engine_timeout)
+            else:
+                client = docker.DockerClient(base_url=self.base_url, timeout=self.engine_timeout)
+            client.ping()
+            return client
+
+        try:
+            self._client = await self._in_thread(connect, "connect")
+        except Exception as e:
+            where = self.base_url or "the default engine (DOCKER_HOST)"
+            raise WorkerError(f"cannot reach the container engine at {where}: {e}") from None
+        try:
+            await self._in_thread(lambda: self._client.images.get(self.image), "image")
+        except docker.errors.ImageNotFound:
+            raise ConfigError(
+                f"the container engine has no image {self.image!r} (andon never pulls one: "
+                f"pull or build it first)"
+            ) from None
+
+    async def start(self, spec: WorkerSpec) -> LaunchedWorker:
+        setup = self._setup
+        docker = self._docker
+        assert setup is not None and docker is not None, "open() first"
+        mounts = [
+            docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
+            for m in self.mounts
+        ]
+        # The pool's private folder (its ipc socket) at the same path, so the endpoint the pool
+        # gives is the one the worker dials.
+        runtime = str(setup.runtime_dir)
+        mounts.append(docker.types.Mount(runtime, runtime, type="bind", read_only=False))
+        ulimits = [
+            docker.types.Ulimit(name=name, soft=soft, hard=hard)
+            for name, (soft, hard) in self.ulimits.items()
+        ]
+        command = [
+            *self.command,
+            "worker",
+            "--connect",
+            spec.endpoint,
+            "--id",
+            spec.worker_id,
+            "--tools",
+            self.tools,
+            "--welcome-timeout",
+            f"{self.welcome_timeout:g}",
+        ]
+        name = f"andon-{setup.identity}-{spec.worker_id}"
+        environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}
+        for hidden in setup.hidden_env:
+            environment.pop(hidden, None)  # no model key in a worker, even one passed on purpose
+
+        def create_and_start() -> Any:
+            container = self._client.containers.create(
+                self.image,
+                command=command,
+                name=name,
+                labels={POOL_LABEL: setup.identity, WORKER_LABEL: spec.worker_id},
+                mounts=mounts,
+                network_mode="none",
+                runtime=self.runtime,
+                ulimits=ulimits or None,
+                environment=environment,
+                auto_remove=True,  # gone with its main process, even if this supervisor is gone
+                stop_signal="SIGTERM",
+                init=False,  # the worker is PID 1: it reaps, and it handles SIGTERM itself
+            )
+            try:
+                container.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+                raise
+            return container
+
+        try:
+            container = await self._in_thread(create_and_start, f"start-{spec.worker_id}")
+        except docker.errors.DockerException as e:
+            raise WorkerError(
+                f"the engine could not start worker {spec.worker_id}: {e}", worker=spec.worker_id
+            ) from None
+        worker = _ContainerWorker(spec.worker_id, container)
+        self._watch(worker)
+        return worker
+
+    def _watch(self, worker: _ContainerWorker) -> None:
+        """Resolve the worker's ``exit`` when its container stops (or can no longer be found:
+        an auto-removed container may be gone before the wait reaches the engine)."""
+
+        def wait() -> None:
+            with contextlib.suppress(Exception):
+                worker.container.wait(timeout=None)
+
+        def settled(future: asyncio.Future[None]) -> None:
+            if not future.cancelled():
+                future.exception()  # retrieved: an engine error also means "gone"
+            worker._set_exited()
+
+        self._in_thread(wait, f"wait-{worker.worker_id}").add_done_callback(settled)
+
+    def kill(self, worker: LaunchedWorker) -> None:
+        assert isinstance(worker, _ContainerWorker)
+        if worker.removing:
+            return
+        worker.removing = True
+        self._remove(worker)
+
+    def _remove(self, worker: _ContainerWorker) -> None:
+        docker = self._docker
+
+        def remove() -> None:
+            try:
+                worker.container.remove(force=True)
+            except docker.errors.NotFound:
+                pass  # already gone
+            except docker.errors.APIError as e:
+                if e.status_code != 409:  # 409: its removal is already under way
+                    _log.warning("could not remove %s: %s", worker.describe(), e)
+
+        removal = self._in_thread(remove, f"remove-{worker.worker_id}")
+        removal.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def release(self, worker: LaunchedWorker) -> None:
+        # auto_remove takes an exited container away; a worker written off while its container
+        # still runs (an engine that answered late) is removed here.
+        assert isinstance(worker, _ContainerWorker)
+        if not worker.has_exited():
+            self.kill(worker)
+
+    async def aclose(self) -> None:
+        """Remove whatever is left with this pool's label, then wait (bounded) for the engine
+        calls still running."""
+        client, setup = self._client, self._setup
+        if client is not None and setup is not None:
+
+            def sweep() -> None:
+                found = client.containers.list(
+                    all=True, filters={"label": f"{POOL_LABEL}={setup.identity}"}
+                )
+                for container in found:
+                    with contextlib.suppress(Exception):
+                        container.remove(force=True)
+
+            try:
+                await asyncio.wait_for(self._in_thread(sweep, "sweep"), self.engine_timeout)
+            except Exception as e:
+                _log.warning("could not sweep this pool's containers: %s", e)
+        await asyncio.to_thread(self._join_threads, self.engine_timeout)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+            self._client = None
+
+    def _join_threads(self, timeout: float) -> None:
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(timeout)
+
+
+def host_mounts(paths: Iterable[str], read_only: bool = True) -> list[Mount]:
+    """Bind mounts of ``paths`` at the same paths (nested ones dropped)."""
+    chosen: list[str] = []
+    for path in sorted({p.rstrip("/") or "/" for p in paths}):
+        if any(path == c or path.startswith(c + "/") for c in chosen):
+            continue
+        chosen.append(path)
+    return [Mount(p, p, read_only) for p in chosen]

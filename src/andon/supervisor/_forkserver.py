@@ -1,0 +1,406 @@
+"""Local workers: forks of one ``multiprocess`` forkserver, watched through pidfds.
+
+Workers are started through a forkserver with the worker modules preloaded (a few milliseconds a
+worker instead of ~100 ms for a fresh interpreter); the forkserver also hands each worker the tool
+registry (pickled with dill, so a tool defined in a user's script needs no import path). Each worker
+is held as a verified pidfd from the moment it exists and is signalled only through it.
+
+No worker holds a model API key (workers.md, Tool environment): the forkserver is exec'd without
+them, and the workers and call processes are forks of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal as _signal
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import multiprocess
+import multiprocess.context
+from multiprocess import popen_forkserver, spawn
+
+from andon.base import WorkerError, procs
+from andon.protocol import Started
+from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.workers import (
+    CgroupTree,
+    ContainmentMode,
+    ContainmentSetting,
+    WorkerOptions,
+    cgroup2_root,
+    detect_mode,
+    worker_main,
+)
+
+__all__ = ["ForkserverLauncher"]
+
+_PRELOAD = ["andon.workers"]
+_log = logging.getLogger("andon.pool")
+
+
+class _LocalWorker(LaunchedWorker):
+    def __init__(self, worker_id: str, process: Any, handle: procs.Pidfd | None) -> None:
+        super().__init__(worker_id, pid=process.pid)
+        self.process = process  # multiprocess.Process
+        self.handle = handle  # a verified pidfd: reaches the worker's group
+        if handle is None:
+            self._set_exited()  # gone before it could be looked at
+        else:
+            asyncio.get_running_loop().add_reader(handle.fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        if self.handle is not None:
+            asyncio.get_running_loop().remove_reader(self.handle.fd)
+        self._set_exited()
+
+    def has_exited(self) -> bool:
+        # The pidfd itself, not the loop's callback: a worker found dying at its release must not
+        # be lent again even if the callback has not run yet.
+        return self.exit.done() or (self.handle is not None and self.handle.exited())
+
+    def describe(self) -> str:
+        return f"worker {self.worker_id} (pid {self.pid})"
+
+
+class ForkserverLauncher(WorkerLauncher):
+    """Today's local workers. ``containment`` forces a mode (tests cover all three)."""
+
+    transport = "ipc"
+    heartbeats = False
+    local_processes = True
+    lost_call_note = "andon killed the call's processes"
+
+    def __init__(
+        self,
+        containment: ContainmentSetting = "auto",
+        *,
+        worker_fault: Literal["garbage-after-started"] | None = None,
+    ) -> None:
+        self.containment: ContainmentMode = detect_mode(containment)
+        self._fault = worker_fault
+        self._setup: PoolSetup | None = None
+        self._hidden: frozenset[str] = frozenset()
+        self._registry: Any = None
+        self._cgroups: CgroupTree | None = None
+        self._held = False
+
+    async def open(self, setup: PoolSetup) -> None:
+        self._setup = setup
+        self._hidden = setup.hidden_env
+        self._registry = setup.registry
+        if self.containment == "cgroup":
+            root = cgroup2_root()
+            if root is not None:
+                CgroupTree.sweep_stale(root)
+                # Random per pool: two pools in one process never share a tree.
+                self._cgroups = CgroupTree.new(root, os.getpid())
+                self._cgroups.create_base()
+        multiprocess.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+        _ForkserverUsers.acquire()
+        self._held = True
+
+    def hide_env(self, names: Iterable[str]) -> None:
+        self._hidden = self._hidden | frozenset(names)
+        held = _forkserver_holds(self._hidden)
+        if held:
+            raise WorkerError(_holds_message(held))
+
+    async def start(self, spec: WorkerSpec) -> LaunchedWorker:
+        setup = self._setup
+        assert setup is not None, "open() first"
+        worker_id = spec.worker_id
+        options = WorkerOptions(
+            endpoint=spec.endpoint,
+            worker_id=worker_id,
+            registry=self._registry,
+            supervisor_pid=os.getpid(),
+            containment=self.containment,
+            log_path=str(setup.runtime_dir / f"{worker_id}.log"),
+            cgroup_base=str(self._cgroups.base) if self._cgroups is not None else None,
+            max_message_bytes=setup.max_message_bytes,
+            fault=self._fault,
+        )
+
+        def process_of() -> _WorkerProcess:
+            name = f"andon-worker-{worker_id}"
+            return _WorkerProcess(target=worker_main, args=(options,), name=name, daemon=True)
+
+        process = process_of()
+        _ensure_forkserver(self._hidden)
+        try:
+            process.start()
+        except (FileNotFoundError, ConnectionRefusedError):
+            # The forkserver's listening socket is gone (multiprocess keeps it in the temporary
+            # folder, which a tool's ``rm -rf /tmp/*`` empties): a new forkserver, and once more.
+            _log.warning("the workers' forkserver lost its socket; starting a new one")
+            _restart_forkserver(self._hidden)
+            process = process_of()
+            process.start()
+        # multiprocess restarts a forkserver that died between the check above and the start
+        # (from the environment as it is then, keys and all): the worker is looked at, not
+        # trusted, and one that would hold a key never gets a call.
+        held = _forkserver_holds(self._hidden)
+        info = procs.stat(process.pid)
+        # The worker is the forkserver's child, so nothing of ours pins its pid: hold it as a
+        # verified pidfd from the start, and signal it only through that.
+        handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
+        if held and handle is not None:
+            procs.signal_group(handle, _signal.SIGKILL)
+            handle.close()
+            with contextlib.suppress(Exception):
+                process.join(5.0)
+            raise WorkerError(_holds_message(held), worker=worker_id)
+        return _LocalWorker(worker_id, process, handle)
+
+    def kill(self, worker: LaunchedWorker) -> None:
+        assert isinstance(worker, _LocalWorker)
+        if worker.handle is not None:
+            procs.signal_group(worker.handle, _signal.SIGKILL)
+
+    def kill_idle(self, workers: Iterable[LaunchedWorker]) -> None:
+        """SIGKILL idle workers and whatever joined their process groups or cgroups. In cgroup
+        mode a worker's leaf holds the worker and anything that slipped into its group, and
+        ``cgroup.kill`` needs no scan of ``/proc`` (a few ms on a busy machine); otherwise one
+        scan serves every worker."""
+        local = [w for w in workers if isinstance(w, _LocalWorker)]
+        handles = [w.handle for w in local if w.handle is not None]
+        if self._cgroups is None:
+            procs.signal_groups(handles, _signal.SIGKILL)
+            return
+        for handle in handles:
+            handle.send(_signal.SIGKILL)
+        for worker in local:
+            leaf = self._cgroups.base / f"worker-{worker.worker_id}"
+            if leaf.is_dir():
+                CgroupTree.kill(leaf)
+
+    def kill_call(self, worker: LaunchedWorker, tag: str, started: Started | None) -> None:
+        """SIGKILL every process carrying the call's tag, and its cgroup when it is a leaf of
+        this pool's own tree. Never a group by number: the worker that pinned it is gone."""
+        cgroup = Path(started.cgroup) if started is not None and started.cgroup else None
+        if cgroup is None and self._cgroups is not None:
+            # Lost before its ``started`` arrived: the leaf's name is known from the tag alone
+            # (the worker names it so), and this pool's own tree is the only place it can be.
+            cgroup = self._cgroups.base / f"call-{tag}"
+        owned = cgroup is not None and self._cgroups is not None and self._cgroups.owns(cgroup)
+        leader = (
+            procs.ProcessKey.from_create_time(started.pid, started.create_time)
+            if started is not None
+            else None
+        )
+        procs.kill_call(
+            procs.CallIdentity(tag, leader, cgroup if owned else None), cgroup_owned=owned
+        )
+
+    def release(self, worker: LaunchedWorker) -> None:
+        assert isinstance(worker, _LocalWorker)
+        with contextlib.suppress(Exception):
+            worker.process.join(0)
+        if worker.handle is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(worker.handle.fd)
+            worker.handle.close()
+            worker.handle = None
+
+    async def aclose(self) -> None:
+        if self._held:
+            self._held = False
+            _ForkserverUsers.release()
+        if self._cgroups is not None:
+            self._cgroups.remove_all()
+            self._cgroups = None
+
+
+class _WorkerPopen(popen_forkserver.Popen):  # type: ignore[misc]
+    """Starts a worker without re-running the parent's ``__main__`` in it.
+
+    multiprocess normally re-imports the parent's main script in every child (so that objects
+    defined there can be unpickled). For a worker that would re-run a user's driver script, or
+    pytest. The registry is pickled by value where needed (dill), so the main module is not needed:
+    leave it out of the preparation data.
+    """
+
+    def _launch(self, process_obj: Any) -> None:
+        original = spawn.get_preparation_data
+
+        def without_main(name: str) -> dict[str, Any]:
+            data: dict[str, Any] = original(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            return data
+
+        spawn.get_preparation_data = without_main
+        try:
+            super()._launch(process_obj)
+        finally:
+            spawn.get_preparation_data = original
+
+
+class _WorkerProcess(multiprocess.context.ForkServerProcess):  # type: ignore[misc]
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _WorkerPopen(process_obj)
+
+
+def _ensure_forkserver(hidden: frozenset[str]) -> None:
+    """Start the forkserver, if it is not running, from a scrubbed environment: without any
+    variable in ``hidden`` (or hidden by an earlier pool of this process), and with
+    ``ANDON_CALL_TAG`` holding a slot.
+
+    Workers and their Python call processes are forks of it, never exec'd: the environment
+    ``/proc`` shows for them is the one the forkserver was exec'd with, whatever their
+    ``os.environ`` says later. So the keys must be out of ``os.environ`` at the moment multiprocess
+    execs it (it passes the environment as it is then), and only then: the supervisor keeps its
+    own keys, which its model needs. The slot is the room a call process writes its call's tag
+    into (:func:`andon.base.procs.stamp_tag`), so it carries the tag like every process a shell
+    call starts.
+
+    The forkserver is one per process, shared by every pool. One already running whose
+    environment holds a variable in ``hidden`` (a later pool brought a key variable the first did
+    not hide) cannot be replaced while workers of it live (each holds it open), so this refuses
+    with ``WorkerError`` rather than start a worker that holds a key.
+    """
+    from multiprocess import forkserver, resource_tracker
+
+    _Scrub.names |= hidden
+    held = _forkserver_holds(hidden)
+    if held:
+        raise WorkerError(_holds_message(held))
+    if _forkserver_pid() is not None:
+        return  # running, and clean of every name asked for
+    names = (procs.TAG_VAR, *sorted(_Scrub.names))
+    saved = {name: os.environ.get(name) for name in names}
+    # The forkserver (and multiprocess's resource tracker, started with it) live in the
+    # supervisor's process group, where a CI runner's SIGINT/SIGTERM/SIGHUP to the whole group
+    # also lands: one that dies of it (or prints a KeyboardInterrupt while its interpreter
+    # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
+    # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
+    # once they have their own session (workers/_main.py). What arrives here meanwhile stays
+    # pending and is delivered to the supervisor when the mask is restored.
+    stop_signals = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP}
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
+    try:
+        for name in _Scrub.names:
+            os.environ.pop(name, None)
+        os.environ[procs.TAG_VAR] = procs.TAG_SLOT
+        # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them
+        # on its way out; started first, on its own, it cannot unblock them under the forkserver.
+        resource_tracker.ensure_running()
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
+        forkserver.ensure_running()
+    finally:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _restart_forkserver(hidden: frozenset[str]) -> None:
+    """Replace a forkserver that can no longer be reached (its socket deleted). It is this
+    process's unreaped child: SIGKILLed, reaped, then started afresh, scrubbed as always. The
+    workers it forked are independent of it and keep running."""
+    from multiprocess import forkserver, util
+
+    # multiprocess made its temporary folder once and keeps using it: the new socket goes there.
+    folder = util.get_temp_dir()
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
+        with contextlib.suppress(Exception):  # its socket file is already gone: unlink fails
+            server._stop()
+    server._forkserver_pid = None
+    server._forkserver_address = None
+    _ensure_forkserver(hidden)
+
+
+class _Scrub:
+    """Every variable a pool of this process asked to hide: a forkserver started (or restarted)
+    for any pool leaves them all out, so it suits every pool already open."""
+
+    names: frozenset[str] = frozenset()
+
+
+def _forkserver_pid() -> int | None:
+    """The running forkserver's pid, or None. Never reaps it (multiprocess does, and restarts
+    a dead one itself); it is this process's unreaped child, so the pid cannot be reused."""
+    from multiprocess import forkserver
+
+    pid: int | None = forkserver._forkserver._forkserver_pid
+    return pid if pid is not None and procs.child_running(pid) else None
+
+
+def _forkserver_holds(names: frozenset[str]) -> list[str]:
+    """Which of ``names`` the running forkserver was exec'd with (so every worker holds them)."""
+    pid = _forkserver_pid()
+    if pid is None:
+        return []
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            block = f.read()
+    except OSError:
+        return []
+    present = {entry.partition(b"=")[0].decode("utf-8", "replace") for entry in block.split(b"\0")}
+    return sorted(present & names)
+
+
+def _holds_message(held: list[str]) -> str:
+    shown = ", ".join(f"${name}" for name in held)
+    return (
+        f"the workers' forkserver, shared by this process's worker pools, was started with "
+        f"{shown} in its environment, so a tool could read it; close the other pools first "
+        f"(a new forkserver starts without it), or give the first pool hide_env=[...] naming it"
+    )
+
+
+class _ForkserverUsers:
+    """The forkserver (and multiprocess's resource tracker) are per-process singletons: the last
+    pool to close stops them, so a closed pool leaves no helper process behind.
+
+    Stopped with SIGKILL, then reaped: asked politely, each would exit through a full interpreter
+    teardown (about 25 and 15 ms measured, on the exit path of every ``andon run``), and neither
+    holds anything by then: the forkserver only forks workers (none is being started once the
+    last pool closed), and the tracker only tracks named resources, which andon never creates.
+    The forkserver is andon's (the pools set its preload and start it, and multiprocess restarts
+    it for them); a tracker that was already running when the first of the open pools started
+    belongs to whoever started it and is left alone (``foreign_tracker``)."""
+
+    count = 0
+    foreign_tracker: ClassVar[int | None] = None
+
+    @classmethod
+    def acquire(cls) -> None:
+        if cls.count == 0:
+            from multiprocess import resource_tracker
+
+            cls.foreign_tracker = resource_tracker._resource_tracker._pid
+        cls.count += 1
+
+    @classmethod
+    def release(cls) -> None:
+        cls.count -= 1
+        if cls.count > 0:
+            return
+        from multiprocess import forkserver, resource_tracker
+
+        server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
+        ours_server = server._forkserver_pid is not None
+        ours_tracker = tracker._pid is not None and tracker._pid != cls.foreign_tracker
+        # Both killed first, then both reaped: their exits overlap.
+        if ours_server:
+            procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
+        if ours_tracker:
+            procs.kill_child(tracker._pid, _signal.SIGKILL)
+        if ours_server:
+            with contextlib.suppress(Exception):
+                server._stop()  # closes its fds and reaps it
+        if ours_tracker:
+            with contextlib.suppress(Exception):
+                tracker._stop()

@@ -1,0 +1,247 @@
+"""Tool workers as containers, through docker-py against a real Podman service.
+
+Each worker is a container's main process (``andon worker --connect ipc://…`` on a bind-mounted
+socket folder, no network). What is asserted is what a user of ``--workers-in container:IMAGE``
+relies on: calls stream and complete; a cancel leaves nothing of the tree inside; a supervisor
+killed with -9 leaves no container behind; a worker killed inside is ``WORKER_LOST``, its
+container removed and replaced. Processes inside are found from the host by a random marker in
+their command lines (rootful podman shares the host's view of /proc; containers are found by the
+pool's own label).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from andon import cancel
+from andon.base import ErrorCode, GracePolicy, procs
+from andon.supervisor import (
+    ContainerLauncher,
+    ToolCallRequest,
+    ToolExecutor,
+    WorkerPool,
+    WorkerPoolConfig,
+    host_mounts,
+)
+from andon.testing import host_mount_paths, worker_ulimits
+from andon.workers import default
+from tests.support import procs_with_marker
+from tests.workers.support import start
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+INTERVAL = 0.5  # heartbeats; deadline 1.5 s
+
+
+def _marker() -> str:
+    return str(int.from_bytes(os.urandom(4), "big"))
+
+
+def _launcher(engine_url: str, image: str, workspace: Path) -> ContainerLauncher:
+    mounts = host_mounts([*host_mount_paths()])
+    mounts += host_mounts([str(workspace)], read_only=False)
+    return ContainerLauncher(
+        image,
+        base_url=engine_url,
+        mounts=mounts,
+        runtime="runc",
+        ulimits=worker_ulimits(),
+        command=(sys.executable, "-m", "andon"),
+    )
+
+
+def _bash(call_id: str, command: str, cwd: Path) -> ToolCallRequest:
+    return ToolCallRequest(call_id, "bash", json.dumps({"command": command}), str(cwd))
+
+
+def _ours(engine: Any, pool: WorkerPool) -> list[Any]:
+    """This pool's containers, found by its label (running or not)."""
+    identity = pool.identity
+    return list(engine.containers.list(all=True, filters={"label": f"andon.pool={identity}"}))
+
+
+async def test_a_bash_call_streams_and_completes_in_a_container(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    config = WorkerPoolConfig(size=1, heartbeat_interval=INTERVAL, start_timeout=60)
+    launcher = _launcher(engine_url, worker_image, tmp_path)
+    async with WorkerPool(config, default(), launcher=launcher) as pool:
+        assert len(_ours(engine, pool)) == 1
+        executor = ToolExecutor(pool, pool.registry)
+        command = "echo first; echo inside-pid1-is-$(cat /proc/1/comm); echo $PWD > seen"
+        task, recorder, _ = await start(executor, _bash("c1-1-1", command, tmp_path))
+        outcome = await asyncio.wait_for(task, 60)
+        assert b"first" in recorder.output  # streamed as output events
+    assert outcome.error is None and outcome.exit_code == 0
+    assert "inside-pid1-is-python" in outcome.content  # the worker is the container's PID 1
+    assert (tmp_path / "seen").read_text().strip() == str(tmp_path)  # the workspace, same path
+    assert _ours(engine, pool) == []  # closed: nothing left
+
+
+def _tree(marker: str) -> str:
+    return (
+        f"setsid sleep 1000{marker} & "
+        f"( ( sleep 1001{marker} & ) & ) ; "
+        f"trap '' INT; echo ready; sleep 1002{marker}"
+    )
+
+
+async def test_a_cancel_stops_a_tree_with_escapees_inside_with_no_survivor(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    marker = _marker()
+    config = WorkerPoolConfig(size=1, heartbeat_interval=INTERVAL, start_timeout=60)
+    async with WorkerPool(
+        config, default(), launcher=_launcher(engine_url, worker_image, tmp_path)
+    ) as pool:
+        executor = ToolExecutor(pool, pool.registry, grace=GracePolicy(True, 0.3, 0.3))
+        task, recorder, controller = await start(executor, _bash("c1-1-1", _tree(marker), tmp_path))
+        await asyncio.wait_for(recorder.wait_output(b"ready"), 60)
+        assert len(procs_with_marker(marker)) >= 3
+        controller.abort(cancel.User())
+        outcome = await asyncio.wait_for(task, 60)
+        # The worker (not the engine) stopped it, on the grace timeline, and lives on.
+        assert outcome.error is not None and outcome.error.code == ErrorCode.ABORTED
+        assert recorder.stages[:2] == ["interrupt", "term"]
+        assert procs_with_marker(marker, wait=5.0) == []
+        assert len(_ours(engine, pool)) == 1
+
+
+async def test_a_worker_killed_inside_is_worker_lost_removed_and_replaced(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    marker = _marker()
+    config = WorkerPoolConfig(size=1, heartbeat_interval=INTERVAL, start_timeout=60)
+    async with WorkerPool(
+        config, default(), launcher=_launcher(engine_url, worker_image, tmp_path)
+    ) as pool:
+        executor = ToolExecutor(pool, pool.registry)
+        (first,) = _ours(engine, pool)
+        task, recorder, _ = await start(executor, _bash("c1-1-1", _tree(marker), tmp_path))
+        await asyncio.wait_for(recorder.wait_output(b"ready"), 60)
+        first.reload()
+        host_pid = first.attrs["State"]["Pid"]  # the worker, PID 1 inside, as the host sees it
+        info = procs.stat(host_pid)
+        assert info is not None
+        handle = procs.Pidfd.open(info.key)
+        assert handle is not None
+        handle.send(signal.SIGKILL)
+        handle.close()
+        outcome = await asyncio.wait_for(task, 60)
+        assert outcome.error is not None and outcome.error.code == ErrorCode.WORKER_LOST
+        assert "container" in (outcome.error.message or "")
+        # PID 1 gone: the kernel killed its namespace, escapees included.
+        assert procs_with_marker(marker, wait=5.0) == []
+        # Replaced: a new container answers the next call.
+        task, _, _ = await start(executor, _bash("c1-1-2", "echo replaced", tmp_path))
+        again = await asyncio.wait_for(task, 60)
+        assert again.content.startswith("replaced")
+        names = [c.name for c in _ours(engine, pool)]
+        assert first.name not in names and len(names) == 1
+
+
+DRIVER = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+    from andon.base import AbortController
+    from andon.supervisor import ContainerLauncher, Mount, ToolCallRequest, ToolExecutor
+    from andon.supervisor import WorkerPool, WorkerPoolConfig
+    from andon.workers import default
+
+    spec = json.loads(sys.argv[1])
+
+    async def main():
+        launcher = ContainerLauncher(
+            spec["image"], base_url=spec["url"], runtime="runc",
+            mounts=[Mount(p, p, ro) for p, ro in spec["mounts"]],
+            ulimits={k: tuple(v) for k, v in spec["ulimits"].items()},
+            command=spec["command"],
+        )
+        config = WorkerPoolConfig(size=1, heartbeat_interval=spec["interval"], start_timeout=60)
+        async with WorkerPool(config, default(), launcher=launcher) as pool:
+            print(json.dumps({"pool": pool.identity}), flush=True)
+            executor = ToolExecutor(pool, pool.registry)
+            await executor.execute(
+                ToolCallRequest("c1-1-1", "bash", json.dumps({"command": spec["command_line"]}),
+                                spec["cwd"]),
+                AbortController().signal,
+            )
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_kill_9_of_the_supervisor_leaves_no_container_and_nothing_inside(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    marker = _marker()
+    spec = {
+        "image": worker_image,
+        "url": engine_url,
+        "mounts": [[p, True] for p in host_mount_paths()] + [[str(tmp_path), False]],
+        "ulimits": worker_ulimits(),
+        "command": [sys.executable, "-m", "andon"],
+        "interval": INTERVAL,
+        "cwd": str(tmp_path),
+        "command_line": f"{_tree(marker)}",
+    }
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert driver.stdout is not None
+        identity = json.loads(driver.stdout.readline())["pool"]
+        label = {"label": f"andon.pool={identity}"}
+        # Wait for the tree inside (its processes are visible from the host).
+        deadline = 60.0
+        found = _wait_for(lambda: len(procs_with_marker(marker)) >= 3, deadline)
+        assert found, f"the tree never started: {_stderr_of(driver)}"
+        assert len(engine.containers.list(all=True, filters=label)) == 1
+        driver.kill()
+        driver.wait(30)
+        # The worker inside hears no heartbeat past the deadline, kills its call and exits;
+        # auto-remove takes the container away.
+        gone = _wait_for(lambda: not engine.containers.list(all=True, filters=label), 30)
+        assert gone, "the container outlived its supervisor"
+        assert procs_with_marker(marker, wait=5.0) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(30)
+        for stream in (driver.stdout, driver.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _stderr_of(driver: subprocess.Popen[bytes]) -> str:
+    if driver.poll() is None:
+        driver.kill()
+        driver.wait(30)
+    assert driver.stderr is not None
+    return driver.stderr.read().decode(errors="replace")[-2000:]
+
+
+def _wait_for(predicate: Any, timeout: float) -> bool:
+    """Poll the engine (it offers no event this test can wait on portably) until ``predicate``
+    holds, for up to ``timeout`` seconds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)  # sleep-ok: polling the engine's state, not ordering a race
+    return predicate()

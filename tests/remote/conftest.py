@@ -1,0 +1,76 @@
+"""Two "hosts" on one machine: this process's network namespace and a new one, joined by a veth
+pair (scale-out.md, What runs here). Needs root and iproute2; without them the tests skip and say
+why. Every name (namespace, interfaces) carries a random part, and the address pair is picked at
+random in 10.200-254.x.x, so another copy of the suite on the machine never meets these."""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+
+@dataclass(frozen=True)
+class Hosts:
+    namespace: str  # the workers' network namespace
+    local_link: str  # our end of the veth pair
+    local_address: str  # the supervisor's address, seen from the workers
+    remote_address: str
+
+    def run_there(self) -> list[str]:
+        """The prefix that runs a command in the workers' namespace."""
+        return ["ip", "netns", "exec", self.namespace]
+
+    def link(self, state: str) -> None:
+        _ip("link", "set", self.local_link, state)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "iproute2 ('ip') is not installed"
+    probe = f"andon-probe-{secrets.token_hex(3)}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, timeout=30)
+    if made.returncode != 0:
+        return f"cannot make a network namespace: {made.stderr.decode(errors='replace').strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
+    return None
+
+
+@pytest.fixture(scope="session")
+def hosts() -> Iterator[Hosts]:
+    reason = _why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    tag = secrets.token_hex(3)
+    namespace, local, remote = f"andon-w-{tag}", f"anl{tag}", f"anr{tag}"
+    rng = random.SystemRandom()
+    base = f"10.{rng.randint(200, 254)}.{rng.randint(0, 255)}.{rng.randint(0, 63) * 4}"
+    prefix = base.rsplit(".", 1)[0]
+    last = int(base.rsplit(".", 1)[1])
+    ours, theirs = f"{prefix}.{last + 1}", f"{prefix}.{last + 2}"
+    _ip("netns", "add", namespace)
+    try:
+        _ip("link", "add", local, "type", "veth", "peer", "name", remote)
+        _ip("link", "set", remote, "netns", namespace)
+        _ip("addr", "add", f"{ours}/30", "dev", local)
+        _ip("link", "set", local, "up")
+        there = ["-n", namespace]
+        _ip(*there, "addr", "add", f"{theirs}/30", "dev", remote)
+        _ip(*there, "link", "set", remote, "up")
+        _ip(*there, "link", "set", "lo", "up")
+        yield Hosts(namespace, local, ours, theirs)
+    finally:
+        subprocess.run(["ip", "link", "delete", local], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30)

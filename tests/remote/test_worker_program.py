@@ -1,0 +1,161 @@
+"""``andon worker`` as a program: its command line, its keys, its stop on SIGTERM, its lifeline.
+
+These run on this machine (``ipc://`` and loopback tcp): what they check is the program, not the
+network between two hosts (``test_tcp_workers`` does that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from andon.base import ErrorCode, GracePolicy, procs
+from andon.protocol import load_keys, load_public_keys
+from andon.supervisor import (
+    CommandLauncher,
+    TcpListen,
+    ToolCallRequest,
+    ToolExecutor,
+    WorkerPool,
+    WorkerPoolConfig,
+)
+from andon.workers import default
+from tests.support import procs_with_marker
+from tests.workers.support import start
+
+pytestmark = pytest.mark.timeout(90)
+
+ANDON = [sys.executable, "-m", "andon"]
+
+
+def _andon(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*ANDON, *args], input=stdin, capture_output=True, timeout=60)
+
+
+def _bash(call_id: str, command: str) -> ToolCallRequest:
+    return ToolCallRequest(call_id, "bash", json.dumps({"command": command}), os.getcwd())
+
+
+def _marker() -> str:
+    return str(int.from_bytes(os.urandom(4), "big"))
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--connect", "tcp://127.0.0.1:5555"], "tcp needs CURVE"),
+        (["--connect", "tcp://10.1.2.3:5555", "--insecure"], "only to a loopback address"),
+        (["--connect", "http://x"], "ipc://PATH or tcp://HOST:PORT"),
+        (["--connect", "ipc:///nonexistent/x", "--tools", "nosuchmodule:x"], "cannot import"),
+        (["--connect", "ipc:///nonexistent/x", "--tools", "json"], "MODULE:NAME"),
+        (["--connect", "ipc:///nonexistent/x", "--tools", "json:dumps"], "no arguments"),
+        (["--connect", "ipc:///nonexistent/x", "--tools", "json:decoder"], "not a ToolRegistry"),
+    ],
+)
+def test_a_bad_command_line_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
+    done = _andon("worker", *args)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_keys_generate_writes_a_pair_and_never_overwrites(tmp_path: Path) -> None:
+    done = _andon("keys", "generate", str(tmp_path / "k"), "--name", "box")
+    assert done.returncode == 0, done.stderr
+    public, secret = tmp_path / "k" / "box.key", tmp_path / "k" / "box.key_secret"
+    keys = load_keys(secret)
+    assert load_public_keys(public) == {keys.public}
+    assert keys.public.decode() in done.stdout.decode()
+    assert keys.secret.decode() not in done.stdout.decode()
+    assert secret.stat().st_mode & 0o777 == 0o600
+    again = _andon("keys", "generate", str(tmp_path / "k"), "--name", "box")
+    assert again.returncode == 2 and "already exists" in again.stderr.decode()
+    assert load_keys(secret) == keys
+
+
+def test_a_worker_nobody_welcomes_gives_up(tmp_path: Path) -> None:
+    done = _andon(
+        "worker", "--connect", f"ipc://{tmp_path}/nobody.sock", "--welcome-timeout", "0.5"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _local_launcher(**options: object) -> CommandLauncher:
+    return CommandLauncher(
+        [],
+        transport="ipc",
+        worker_command=ANDON,
+        same_machine=True,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def test_sigterm_drains_the_call_on_its_grace_timeline_then_the_worker_exits() -> None:
+    marker = _marker()
+    config = WorkerPoolConfig(size=1, heartbeat_interval=0.5)
+    async with WorkerPool(config, default(), launcher=_local_launcher()) as pool:
+        executor = ToolExecutor(pool, pool.registry, grace=GracePolicy(True, 0.2, 0.2))
+        # Ignores SIGINT: the drain must go on to SIGTERM, as the grace timeline says.
+        command = f"trap '' INT; echo ready; sleep 1000{marker}; echo not-reached"
+        task, recorder, _ = await start(executor, _bash("c1-1-1", command))
+        await asyncio.wait_for(recorder.wait_output(b"ready"), 30)
+        (pid,) = pool.workers.values()
+        info = procs.stat(pid)
+        assert info is not None
+        worker = procs.Pidfd.open(info.key)
+        assert worker is not None
+        try:
+            worker.send(signal.SIGTERM)
+            outcome = await asyncio.wait_for(task, 30)
+            procs.wait_exited([worker], 10.0)
+            assert worker.exited()
+        finally:
+            worker.close()
+    # The call's result came from the worker, with what the drain sent: the tool saw an
+    # interrupt it ignored, then the TERM that ended it.
+    assert outcome.ended_by != "worker-lost", outcome
+    assert "not-reached" not in outcome.content
+    assert recorder.stages[:2] == ["interrupt", "term"]
+    assert procs_with_marker(marker, wait=5.0) == []
+
+
+async def test_closing_the_lifeline_stops_the_call_at_once() -> None:
+    """The launcher lets go (its kill closes the pipe): the worker kills its call and exits
+    without waiting for a heartbeat deadline (set far away here)."""
+    marker = _marker()
+    config = WorkerPoolConfig(size=1, heartbeat_interval=30)
+    async with WorkerPool(config, default(), launcher=_local_launcher()) as pool:
+        executor = ToolExecutor(pool, pool.registry)
+        task, recorder, _ = await start(
+            executor, _bash("c1-1-1", f"setsid sleep 1000{marker} & echo ready; wait")
+        )
+        await asyncio.wait_for(recorder.wait_output(b"ready"), 30)
+        lease_worker = next(iter(pool._workers.values()))
+        assert lease_worker.launched is not None
+        stdin = lease_worker.launched.process.stdin  # type: ignore[attr-defined]
+        stdin.close()
+        outcome = await asyncio.wait_for(task, 30)
+    assert outcome.error is not None and outcome.error.code == ErrorCode.WORKER_LOST
+    assert procs_with_marker(marker, wait=5.0) == []
+
+
+async def test_insecure_tcp_works_on_loopback_only() -> None:
+    with pytest.raises(Exception, match="loopback"):
+        TcpListen("tcp://10.9.9.9:0", insecure=True)
+    config = WorkerPoolConfig(
+        size=1, heartbeat_interval=0.5, tcp=TcpListen("tcp://127.0.0.1:0", insecure=True)
+    )
+    launcher = CommandLauncher([], worker_command=ANDON, same_machine=True, insecure=True)
+    async with WorkerPool(config, default(), launcher=launcher) as pool:
+        assert pool.server_public_key is None
+        executor = ToolExecutor(pool, pool.registry)
+        task, _, _ = await start(executor, _bash("c1-1-1", "echo over-plain-tcp"))
+        outcome = await asyncio.wait_for(task, 30)
+    assert outcome.content.startswith("over-plain-tcp")
