@@ -26,6 +26,7 @@ __all__ = [
     "alive_after",
     "call_entry",
     "can_force_pids",
+    "escapee_tree",
     "leftovers",
     "procs_with_marker",
     "session_leftovers",
@@ -72,6 +73,19 @@ def alive_after(found: Iterable[ProcInfo], timeout: float = 5.0) -> list[ProcInf
     finally:
         for fd in fds:
             fd.close()
+
+
+def escapee_tree(marker: str) -> str:
+    """A bash command that starts a ``setsid`` escapee and a double-forked daemon (each a
+    ``sleep 100N<marker>``), says ``ready`` once both run, then sleeps in the foreground ignoring
+    SIGINT. The marker is joined only at run time, so the sleeps are the only processes whose
+    command lines hold it (:func:`procs_with_marker` finds them, the shell not)."""
+    head, tail = marker[: len(marker) // 2], marker[len(marker) // 2 :]
+    return (
+        f"A={head}; B={tail}; setsid sleep 1000$A$B & ( ( sleep 1001$A$B & ) & ); "
+        f'until [ "$(pgrep -c -f "^sleep 100[01]$A$B")" -ge 2 ]; do :; done; '
+        f"trap '' INT; echo ready; sleep 1002$A$B"
+    )
 
 
 def procs_with_marker(marker: str, wait: float = 0.0) -> list[ProcInfo]:

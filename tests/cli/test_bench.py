@@ -17,6 +17,7 @@ import pytest
 
 from andon._bench import register, run
 from andon._bench._interrupt import SCENARIOS
+from andon.testing import why_no_engine
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -33,7 +34,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_every_interrupt_scenario_runs_once(capsys: pytest.CaptureFixture[str]) -> None:
-    data = run_json(capsys, "interrupt", "--runs", "1")
+    data = run_json(capsys, "interrupt", "--runs", "1", "--remote", "off")
     assert list(data["scenarios"]) == list(SCENARIOS)
     for name, result in data["scenarios"].items():
         assert result["latency"]["n"] == 1, name
@@ -52,10 +53,38 @@ def test_every_interrupt_scenario_runs_once(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.mark.slow
-def test_dispatch_runs(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.timeout(180)
+def test_dispatch_runs_with_tcp_and_container_rows(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, "dispatch", "--runs", "1")
     assert data["noop_ratio_p50"] > 0
     assert set(data["calls_per_second"]) == {"1", "2", "4"}
+    remote = data["remote"]
+    assert remote["raw zmq round trip, tcp + CURVE loopback (floor)"]["n"] >= 5
+    assert remote["bash -c true through a tcp + CURVE worker"]["n"] >= 5
+    if why_no_engine() is None:  # else the text says why the container rows are missing
+        assert remote["bash -c true through a container worker"]["n"] >= 5
+        assert remote["bare container create + start (floor)"]["n"] >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_interrupt_gains_rows_by_where_the_worker_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = run_json(capsys, "interrupt", "--runs", "1", "--scenario", "shell")
+    remote = data["remote"]
+    for row in (
+        "bare: SIGINT to a sleeping process + wait (floor)",
+        "cancel -> result, local worker",
+        "cancel -> result, tcp + CURVE worker",
+    ):
+        assert remote[row]["n"] >= 5, row
+    if why_no_engine() is None:
+        assert remote["cancel -> result, container worker"]["n"] >= 5
+
+
+def test_engine_and_image_go_together() -> None:
+    assert run(parse("dispatch", "--engine", "unix:///nowhere.sock")) == 2
 
 
 def test_recovery_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,6 +105,8 @@ def test_table_through_python_m() -> None:
             "1",
             "--scenario",
             "shell",
+            "--remote",
+            "off",
         ],
         capture_output=True,
         text=True,

@@ -7,6 +7,7 @@ network between two hosts (``test_tcp_workers`` does that).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,16 +16,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from andon.base import ErrorCode, GracePolicy, procs
-from andon.protocol import load_keys, load_public_keys
+from andon.protocol import CurveKeys, ErrorReply, curve_client, encode, load_keys, load_public_keys
 from andon.supervisor import (
     CommandLauncher,
+    LaunchedWorker,
     TcpListen,
     ToolCallRequest,
     ToolExecutor,
     WorkerPool,
     WorkerPoolConfig,
+    WorkerSpec,
 )
 from andon.workers import default
 from tests.support import procs_with_marker
@@ -159,3 +164,62 @@ async def test_insecure_tcp_works_on_loopback_only() -> None:
         task, _, _ = await start(executor, _bash("c1-1-1", "echo over-plain-tcp"))
         outcome = await asyncio.wait_for(task, 30)
     assert outcome.content.startswith("over-plain-tcp")
+
+
+class _Gated(CommandLauncher):
+    """Holds each start until the test opens the gate: meanwhile the pool knows the worker's id
+    and its key, and nothing of it is connected."""
+
+    def __init__(self) -> None:
+        super().__init__([], worker_command=ANDON, same_machine=True)
+        self.waiting = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def start(self, spec: WorkerSpec) -> LaunchedWorker:
+        self.waiting.set()
+        await self.gate.wait()
+        return await super().start(spec)
+
+
+async def test_an_allowed_key_cannot_speak_for_another_worker() -> None:
+    """A key on the allow-list (a worker started with keys of its own) that claims the id of a
+    worker the pool is launching: its frames are dropped, and the real worker works."""
+    static = CurveKeys.generate()
+    config = WorkerPoolConfig(
+        size=1,
+        heartbeat_interval=0.5,
+        tcp=TcpListen("tcp://127.0.0.1:0", allowed=frozenset([static.public])),
+    )
+    launcher = _Gated()
+    pool = WorkerPool(config, default(), launcher=launcher)
+    refused: asyncio.Queue[str] = asyncio.Queue()
+    pool.on_refused = refused.put_nowait
+    starting = asyncio.create_task(pool.start())
+    try:
+        await asyncio.wait_for(launcher.waiting.wait(), 30)
+        server_key = pool.server_public_key
+        assert server_key is not None
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, b"w1")  # the id of the worker being launched
+        curve_client(sock, static, server_key)
+        sock.connect(pool.endpoint)
+        try:
+            await sock.send_multipart(encode(ErrorReply(reason="I am w1")))
+            reason = await asyncio.wait_for(refused.get(), 30)
+        finally:
+            sock.close(0)
+            ctx.term()
+        assert "'w1'" in reason and static.public.decode() in reason
+        assert pool.spoofed == 1 and pool.error_replies == []
+        launcher.gate.set()
+        await asyncio.wait_for(starting, 60)
+        executor = ToolExecutor(pool, pool.registry)
+        task, _, _ = await start(executor, _bash("c1-1-1", "echo real-w1"))
+        outcome = await asyncio.wait_for(task, 30)
+        assert outcome.content.startswith("real-w1")
+    finally:
+        launcher.gate.set()
+        with contextlib.suppress(BaseException):
+            await starting
+        await pool.aclose()

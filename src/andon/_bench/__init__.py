@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
@@ -35,6 +36,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="latency distribution per scenario")
     p.add_argument("--max-events", type=int, default=1_000_000, help="recovery: largest log")
+    p.add_argument(
+        "--remote",
+        choices=("auto", "off"),
+        default="auto",
+        help="dispatch, interrupt: add tcp + CURVE and container worker rows (default auto: "
+        "containers where an engine can be used)",
+    )
+    p.add_argument("--engine", metavar="URL", help="the container engine for those rows")
+    p.add_argument("--image", metavar="IMAGE", help="with --engine: an image with andon in it")
     p.set_defaults(command="bench")
     return p
 
@@ -91,6 +101,21 @@ def run(args: argparse.Namespace) -> int:
             print("andon bench: --plot needs matplotlib: pip install andon[plot]", file=sys.stderr)
             return 2
     kinds = ["interrupt", "exit", "dispatch", "recovery"] if args.kind == "all" else [args.kind]
+    if (args.engine is None) != (args.image is None):
+        print("andon bench: --engine and --image go together", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        engine: Any = "off (--remote off)"
+        if args.remote != "off" and {"interrupt", "dispatch"} & set(kinds):
+            from ._remote import engine_for_bench
+
+            engine = stack.enter_context(engine_for_bench(args.engine, args.image))
+        return _run_kinds(args, kinds, names, grace, engine)
+
+
+def _run_kinds(
+    args: argparse.Namespace, kinds: list[str], names: list[str], grace: GracePolicy, engine: Any
+) -> int:
     out: dict[str, Any] = {}
     code = 0
     texts = []
@@ -98,6 +123,16 @@ def run(args: argparse.Namespace) -> int:
         if kind == "interrupt":
             data, text, bad = _interrupt_report(args, names, grace)
             code = max(code, 1 if bad else 0)
+            if args.remote != "off":
+                from ._remote import remote_interrupt_rows
+
+                rows, notes = asyncio.run(
+                    remote_interrupt_rows(args.runs, grace, engine, _progress)
+                )
+                data["remote"] = rows
+                text += "\n\n" + _remote_table(
+                    "cancel -> result by where the worker runs", rows, notes
+                )
         elif kind == "exit":
             from ._exit import run_exit
 
@@ -107,6 +142,12 @@ def run(args: argparse.Namespace) -> int:
             from ._dispatch import run_dispatch
 
             data, text = asyncio.run(run_dispatch(args.runs, _progress))
+            if args.remote != "off":
+                from ._remote import remote_dispatch_rows
+
+                rows, notes = asyncio.run(remote_dispatch_rows(args.runs, engine, _progress))
+                data["remote"] = rows
+                text += "\n\n" + _remote_table("dispatch by where the worker runs", rows, notes)
         else:
             from ._recovery import run_recovery
 
@@ -124,6 +165,14 @@ def run(args: argparse.Namespace) -> int:
         plot(out["interrupt"], args.plot)
         print(f"andon: plot: {args.plot}", file=sys.stderr)
     return code
+
+
+def _remote_table(title: str, rows: dict[str, Any], notes: list[str]) -> str:
+    body = table(
+        ["path", "p50", "p95", "p99", "max"],
+        [[k, ms(s["p50"]), ms(s["p95"]), ms(s["p99"]), ms(s["max"])] for k, s in rows.items()],
+    )
+    return "\n".join([f"{title} (ms); each beside its floor", body, *notes])
 
 
 def _interrupt_report(

@@ -258,6 +258,8 @@ class WorkerPool:
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._zap: ZapAllowList | None = None
+        self._keys_of: dict[str, bytes] = {}  # worker id -> the public key made for it (tcp)
+        self.spoofed = 0  # frames dropped: sent under another worker's name (tcp + CURVE)
         self._server_keys: CurveKeys | None = None
         self._runtime: Path | None = None
         self._endpoint = ""  # what workers connect to
@@ -276,7 +278,8 @@ class WorkerPool:
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.on_broken: Callable[[str, str], None] | None = None  # (worker id, reason), for tests
-        self.on_refused: Callable[[str], None] | None = None  # a handshake refused (tcp), why
+        # A handshake refused, or a frame dropped as sent under another worker's key (tcp): why.
+        self.on_refused: Callable[[str], None] | None = None
         self.error_replies: list[tuple[str, str]] = []  # error answers outside any call
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -559,6 +562,7 @@ class WorkerPool:
         if self._zap is not None:
             keys = CurveKeys.generate()
             self._zap.allow(keys.public)
+            self._keys_of[worker_id] = keys.public
         spec = WorkerSpec(
             worker_id=worker_id,
             endpoint=self._endpoint,
@@ -572,6 +576,7 @@ class WorkerPool:
             self._workers.pop(worker_id, None)
             if keys is not None and self._zap is not None:
                 self._zap.disallow(keys.public)
+                self._keys_of.pop(worker_id, None)
             raise
         worker.launched = launched
         worker.heard = time.monotonic()
@@ -644,6 +649,9 @@ class WorkerPool:
         if self._workers.get(worker.worker_id) is not worker:
             return
         self._workers.pop(worker.worker_id, None)
+        key = self._keys_of.pop(worker.worker_id, None)
+        if key is not None and self._zap is not None:
+            self._zap.disallow(key)  # its key dies with it: a stolen one opens nothing
         if worker.launched is not None:
             with contextlib.suppress(Exception):
                 self.launcher.release(worker.launched)
@@ -739,7 +747,14 @@ class WorkerPool:
         sock = self._sock
         try:
             while True:
-                frames = await sock.recv_multipart(copy=True)
+                if self._zap is None:
+                    frames = await sock.recv_multipart(copy=True)
+                else:
+                    raw = await sock.recv_multipart(copy=False)
+                    frames = [bytes(f.buffer) for f in raw]
+                    user_id = raw[0].get("User-Id")
+                    if not self._sent_by_its_key(frames[0], str(user_id) if user_id else None):
+                        continue
                 try:
                     self._on_frames(frames)
                 except Exception as e:
@@ -753,6 +768,26 @@ class WorkerPool:
             if self._stopping is None:
                 _log.exception("the worker pool's receiver failed")
                 self._fail(f"the worker pool failed: its receiver stopped ({e!r})")
+
+    def _sent_by_its_key(self, identity: bytes, user_id: str | None) -> bool:
+        """Over CURVE, a worker speaks only under its own name: the key its handshake proved
+        (the ZAP user id) must be the key the pool made for that worker id, or, for a worker
+        started with keys of its own (``TcpListen.allowed``), one of those. An allowed key never
+        lets one worker pass for another."""
+        worker_id = identity.decode("utf-8", "replace")
+        expected = self._keys_of.get(worker_id)
+        key = (user_id or "").encode("ascii", "replace")
+        tcp = self.config.tcp
+        if expected is not None and key == expected:
+            return True
+        if expected is None and tcp is not None and key in tcp.allowed:
+            return True
+        self.spoofed += 1
+        reason = f"a frame for worker {worker_id!r} came under another key ({key.decode()})"
+        _log.warning("dropped %s", reason)
+        if self.on_refused is not None:
+            self.on_refused(reason)
+        return False
 
     def _fail(self, reason: str) -> None:
         """Nothing more can be heard from any worker: take no more work and kill every worker,
