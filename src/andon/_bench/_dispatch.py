@@ -26,7 +26,7 @@ from andon.workers import ToolRegistry, default
 from . import _floors
 from ._stats import ms, summary, table
 
-__all__ = ["run_dispatch"]
+__all__ = ["echo_round_trips", "run_dispatch"]
 
 _ECHO_SERVER = """
 import sys, zmq
@@ -52,6 +52,17 @@ async def raw_zmq_round_trips(n: int, folder: str) -> list[float]:
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.connect(endpoint)
+    times = await echo_round_trips(sock, n)
+    sock.close(0)
+    ctx.term()
+    server.wait()
+    server.stdout.close()
+    return times
+
+
+async def echo_round_trips(sock: zmq.asyncio.Socket, n: int) -> list[float]:
+    """``n`` timed round trips (after 5 untimed) of frames the size of a run/result through an
+    echo server on ``sock``, which is then told to stop."""
     payload = [b"h" * 40, b"p" * 200]
     times = []
     for i in range(n + 5):
@@ -61,10 +72,6 @@ async def raw_zmq_round_trips(n: int, folder: str) -> list[float]:
         if i >= 5:
             times.append(time.perf_counter() - t)
     await sock.send_multipart([b"stop"])
-    sock.close(0)
-    ctx.term()
-    server.wait()
-    server.stdout.close()
     return times
 
 

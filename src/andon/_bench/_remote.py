@@ -48,6 +48,7 @@ from andon.supervisor import (
 )
 from andon.workers import default
 
+from ._dispatch import echo_round_trips
 from ._stats import summary
 
 __all__ = ["Engine", "engine_for_bench", "remote_dispatch_rows", "remote_interrupt_rows"]
@@ -150,15 +151,7 @@ async def _curve_round_trips(n: int) -> list[float]:
     sock = ctx.socket(zmq.DEALER)
     curve_client(sock, client_keys, server_keys.public)
     sock.connect(endpoint)
-    payload = [b"h" * 40, b"p" * 200]
-    times = []
-    for i in range(n + 5):
-        t = time.perf_counter()
-        await sock.send_multipart(payload)
-        await sock.recv_multipart()
-        if i >= 5:
-            times.append(time.perf_counter() - t)
-    await sock.send_multipart([b"stop"])
+    times = await echo_round_trips(sock, n)
     sock.close(0)
     ctx.term()
     server.wait()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import struct
@@ -47,6 +48,7 @@ __all__ = [
     "ZapAllowList",
     "curve_client",
     "curve_server",
+    "is_loopback",
     "load_keys",
     "load_public_keys",
     "write_keys",
@@ -448,3 +450,14 @@ def _printable(raw: bytes) -> str:
     # What a peer put in a frame, safe to show in a log line: short, and no control characters.
     text = raw[:64].decode("ascii", "replace")
     return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address of a tcp endpoint) is this machine's loopback: the
+    only place plain tcp without CURVE (``--insecure``) is allowed."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

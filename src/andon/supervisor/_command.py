@@ -27,7 +27,14 @@ from typing import IO, Any
 
 from andon.base import WorkerError, procs
 from andon.protocol import Started
-from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.supervisor._launch import (
+    LaunchedWorker,
+    PidfdWorker,
+    PoolSetup,
+    WorkerLauncher,
+    WorkerSpec,
+    worker_argv,
+)
 from andon.workers import KEYS_END
 
 __all__ = ["KILL_AFTER", "CommandLauncher"]
@@ -36,20 +43,10 @@ KILL_AFTER = 2.0
 """Seconds between closing a worker's lifeline and SIGKILLing the local process that runs it."""
 
 
-class _CommandWorker(LaunchedWorker):
+class _CommandWorker(PidfdWorker):
     def __init__(self, worker_id: str, process: subprocess.Popen[bytes], handle: procs.Pidfd):
-        super().__init__(worker_id, pid=process.pid)
+        super().__init__(worker_id, process.pid, handle)
         self.process = process
-        self.handle: procs.Pidfd | None = handle
-        asyncio.get_running_loop().add_reader(handle.fd, self._on_readable)
-
-    def _on_readable(self) -> None:
-        if self.handle is not None:
-            asyncio.get_running_loop().remove_reader(self.handle.fd)
-        self._set_exited()
-
-    def has_exited(self) -> bool:
-        return self.exit.done() or (self.handle is not None and self.handle.exited())
 
     def describe(self) -> str:
         return f"worker {self.worker_id} (command pid {self.pid})"
@@ -97,15 +94,7 @@ class CommandLauncher(WorkerLauncher):
         argv = [
             *self.prefix,
             *self.worker_command,
-            "worker",
-            "--connect",
-            spec.endpoint,
-            "--id",
-            spec.worker_id,
-            "--tools",
-            self.tools,
-            "--welcome-timeout",
-            f"{self.welcome_timeout:g}",
+            *worker_argv(spec, self.tools, self.welcome_timeout),
             "--lifeline",
         ]
         secret: bytes | None = None
@@ -181,11 +170,7 @@ class CommandLauncher(WorkerLauncher):
             self._backstop(worker)
         with contextlib.suppress(Exception):
             worker.process.wait(5.0)
-        if worker.handle is not None:
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(worker.handle.fd)
-            worker.handle.close()
-            worker.handle = None
+        worker.close_handle()
 
 
 def _hand_over(stdin: IO[bytes] | None, secret: bytes | None) -> Any:

@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from andon.base import ConfigError, WorkerError
-from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.supervisor._launch import (
+    LaunchedWorker,
+    PoolSetup,
+    WorkerLauncher,
+    WorkerSpec,
+    worker_argv,
+)
 
 __all__ = ["ContainerLauncher", "Mount"]
 
@@ -188,18 +194,7 @@ class ContainerLauncher(WorkerLauncher):
             docker.types.Ulimit(name=name, soft=soft, hard=hard)
             for name, (soft, hard) in self.ulimits.items()
         ]
-        command = [
-            *self.command,
-            "worker",
-            "--connect",
-            spec.endpoint,
-            "--id",
-            spec.worker_id,
-            "--tools",
-            self.tools,
-            "--welcome-timeout",
-            f"{self.welcome_timeout:g}",
-        ]
+        command = [*self.command, *worker_argv(spec, self.tools, self.welcome_timeout)]
         name = f"andon-{setup.identity}-{spec.worker_id}"
         environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}
         for hidden in setup.hidden_env:

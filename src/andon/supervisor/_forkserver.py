@@ -11,7 +11,6 @@ them, and the workers and call processes are forks of it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -26,7 +25,13 @@ from multiprocess import popen_forkserver, spawn
 
 from andon.base import WorkerError, procs
 from andon.protocol import Started
-from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.supervisor._launch import (
+    LaunchedWorker,
+    PidfdWorker,
+    PoolSetup,
+    WorkerLauncher,
+    WorkerSpec,
+)
 from andon.workers import (
     CgroupTree,
     ContainmentMode,
@@ -43,25 +48,10 @@ _PRELOAD = ["andon.workers"]
 _log = logging.getLogger("andon.pool")
 
 
-class _LocalWorker(LaunchedWorker):
+class _LocalWorker(PidfdWorker):
     def __init__(self, worker_id: str, process: Any, handle: procs.Pidfd | None) -> None:
-        super().__init__(worker_id, pid=process.pid)
+        super().__init__(worker_id, process.pid, handle)
         self.process = process  # multiprocess.Process
-        self.handle = handle  # a verified pidfd: reaches the worker's group
-        if handle is None:
-            self._set_exited()  # gone before it could be looked at
-        else:
-            asyncio.get_running_loop().add_reader(handle.fd, self._on_readable)
-
-    def _on_readable(self) -> None:
-        if self.handle is not None:
-            asyncio.get_running_loop().remove_reader(self.handle.fd)
-        self._set_exited()
-
-    def has_exited(self) -> bool:
-        # The pidfd itself, not the loop's callback: a worker found dying at its release must not
-        # be lent again even if the callback has not run yet.
-        return self.exit.done() or (self.handle is not None and self.handle.exited())
 
     def describe(self) -> str:
         return f"worker {self.worker_id} (pid {self.pid})"
@@ -201,11 +191,7 @@ class ForkserverLauncher(WorkerLauncher):
         assert isinstance(worker, _LocalWorker)
         with contextlib.suppress(Exception):
             worker.process.join(0)
-        if worker.handle is not None:
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(worker.handle.fd)
-            worker.handle.close()
-            worker.handle = None
+        worker.close_handle()
 
     async def aclose(self) -> None:
         if self._held:

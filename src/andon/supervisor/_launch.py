@@ -17,15 +17,24 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from andon.base import procs
 from andon.protocol import CurveKeys, Started
 from andon.workers import ContainmentMode, ToolRegistry
 
-__all__ = ["LaunchedWorker", "PoolSetup", "WorkerLauncher", "WorkerSpec"]
+__all__ = [
+    "LaunchedWorker",
+    "PidfdWorker",
+    "PoolSetup",
+    "WorkerLauncher",
+    "WorkerSpec",
+    "worker_argv",
+]
 
 Transport = Literal["ipc", "tcp"]
 
@@ -82,6 +91,51 @@ class LaunchedWorker:
     def _set_exited(self) -> None:
         if not self.exit.done():
             self.exit.set_result(None)
+
+
+class PidfdWorker(LaunchedWorker):
+    """A worker held through a process of this machine (the worker itself, or the command that
+    runs it) as a verified pidfd: its ``exit`` resolves when that process exits."""
+
+    def __init__(self, worker_id: str, pid: int, handle: procs.Pidfd | None) -> None:
+        super().__init__(worker_id, pid=pid)
+        self.handle = handle
+        if handle is None:
+            self._set_exited()  # gone before it could be looked at
+        else:
+            asyncio.get_running_loop().add_reader(handle.fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        if self.handle is not None:
+            asyncio.get_running_loop().remove_reader(self.handle.fd)
+        self._set_exited()
+
+    def has_exited(self) -> bool:
+        # The pidfd itself, not the loop's callback: a worker found dying at its release must not
+        # be lent again even if the callback has not run yet.
+        return self.exit.done() or (self.handle is not None and self.handle.exited())
+
+    def close_handle(self) -> None:
+        if self.handle is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self.handle.fd)
+            self.handle.close()
+            self.handle = None
+
+
+def worker_argv(spec: WorkerSpec, tools: str, welcome_timeout: float) -> list[str]:
+    """The arguments after the command that starts andon: ``worker --connect …`` for ``spec``."""
+    return [
+        "worker",
+        "--connect",
+        spec.endpoint,
+        "--id",
+        spec.worker_id,
+        "--tools",
+        tools,
+        "--welcome-timeout",
+        f"{welcome_timeout:g}",
+    ]
 
 
 class WorkerLauncher(abc.ABC):

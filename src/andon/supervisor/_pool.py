@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import secrets
@@ -62,6 +61,7 @@ from andon.protocol import (
     curve_server,
     decode,
     encode,
+    is_loopback,
 )
 from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
@@ -100,7 +100,7 @@ class TcpListen:
         host = _tcp_host(self.address, "listen address")
         if self.advertise is not None:
             _tcp_host(self.advertise, "advertised address")
-        if self.insecure and not _is_loopback(host):
+        if self.insecure and not is_loopback(host):
             raise ConfigError(
                 f"plain tcp (--insecure) is allowed only on a loopback address, not {host!r}: "
                 f"workers on other hosts need CURVE keys (andon keys generate)"
@@ -877,15 +877,6 @@ def _tcp_host(address: str, what: str) -> str:
     except ValueError:
         raise ConfigError(f"the {what} {address!r} has a bad port") from None
     return parts.hostname
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _pool_identity() -> str:

@@ -63,7 +63,7 @@ from andon.workers._containment import (
 from andon.workers._reaper import Reaper
 from andon.workers._registry import ToolRegistry
 
-__all__ = ["WorkerOptions", "worker_main"]
+__all__ = ["WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,9 @@ def worker_main(options: WorkerOptions) -> None:
         sys.stderr.flush()
 
 
-def _detach(log_path: str | None) -> None:
-    # Own session: a terminal's Ctrl-C goes to the foreground group, which must reach only the
-    # supervisor; it decides what to stop.
+def leave_session_and_reset_signals() -> None:
+    """Own session where possible, every signal at its default action and none blocked: tools
+    inherit both, whatever andon itself was started with (a CI script may ignore SIGINT)."""
     with contextlib.suppress(PermissionError):
         os.setsid()
     for sig in _signal.valid_signals():
@@ -119,6 +119,12 @@ def _detach(log_path: str | None) -> None:
         with contextlib.suppress(OSError, ValueError):
             _signal.signal(sig, _signal.SIG_DFL)
     _signal.pthread_sigmask(_signal.SIG_SETMASK, set())
+
+
+def _detach(log_path: str | None) -> None:
+    # Own session: a terminal's Ctrl-C goes to the foreground group, which must reach only the
+    # supervisor; it decides what to stop.
+    leave_session_and_reset_signals()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     log_fd = (

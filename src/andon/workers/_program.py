@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import ipaddress
 import os
-import signal as _signal
 import socket
 import sys
 import tempfile
@@ -31,10 +29,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from andon.base import ConfigError
-from andon.protocol import CurveKeys, load_keys
+from andon.protocol import CurveKeys, is_loopback, load_keys
 from andon.workers._builtins import default
 from andon.workers._containment import ContainmentSetting
-from andon.workers._main import WorkerOptions, worker_main
+from andon.workers._main import WorkerOptions, leave_session_and_reset_signals, worker_main
 from andon.workers._registry import Tool, ToolRegistry
 
 __all__ = [
@@ -74,7 +72,7 @@ class WorkerProgram:
                 f"--connect must be ipc://PATH or tcp://HOST:PORT, not {self.endpoint!r}"
             )
         if self.insecure:
-            if not _loopback(parts.hostname):
+            if not is_loopback(parts.hostname):
                 raise ConfigError(
                     f"--insecure (plain tcp) is allowed only to a loopback address, not "
                     f"{parts.hostname!r}: use CURVE keys (--server-key and --keys)"
@@ -184,25 +182,9 @@ def default_worker_id() -> str:
 def _prepare_process() -> None:
     """Own session where possible, default signal dispositions (tools inherit them), nothing
     on stdin, stdout onto stderr (the engine's log)."""
-    with contextlib.suppress(PermissionError):
-        os.setsid()
-    for sig in _signal.valid_signals():
-        if sig in (_signal.SIGKILL, _signal.SIGSTOP):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            _signal.signal(sig, _signal.SIG_DFL)
-    _signal.pthread_sigmask(_signal.SIG_SETMASK, set())
+    leave_session_and_reset_signals()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stdout.flush()
     os.dup2(2, 1)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
