@@ -118,6 +118,11 @@ def _parser() -> argparse.ArgumentParser:
         "--keys", metavar="FILE|-", help="this worker's CURVE secret key file ('-': on stdin)"
     )
     worker.add_argument(
+        "--forget-keys",
+        action="store_true",
+        help="delete the --keys file once read (a launcher's copy: no tool may read it)",
+    )
+    worker.add_argument(
         "--insecure", action="store_true", help="plain tcp, without CURVE (loopback only)"
     )
     worker.add_argument(
@@ -294,7 +299,7 @@ def _worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id or default_worker_id(),
         tools=args.tools,
         server_key=_server_key(args.server_key) if args.server_key else None,
-        keys=read_keys(args.keys) if args.keys else None,
+        keys=read_keys(args.keys, forget=args.forget_keys) if args.keys else None,
         insecure=args.insecure,
         containment=args.containment,
         welcome_timeout=args.welcome_timeout,

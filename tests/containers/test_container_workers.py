@@ -27,6 +27,7 @@ from andon import cancel
 from andon.base import ErrorCode, GracePolicy, procs
 from andon.supervisor import (
     ContainerLauncher,
+    TcpListen,
     ToolCallRequest,
     ToolExecutor,
     WorkerPool,
@@ -47,7 +48,9 @@ def _marker() -> str:
     return str(int.from_bytes(os.urandom(4), "big"))
 
 
-def _launcher(engine_url: str, image: str, workspace: Path) -> ContainerLauncher:
+def _launcher(
+    engine_url: str, image: str, workspace: Path, transport: str = "ipc"
+) -> ContainerLauncher:
     mounts = host_mounts([*host_mount_paths()])
     mounts += host_mounts([str(workspace)], read_only=False)
     return ContainerLauncher(
@@ -57,6 +60,7 @@ def _launcher(engine_url: str, image: str, workspace: Path) -> ContainerLauncher
         runtime="runc",
         ulimits=worker_ulimits(),
         command=(sys.executable, "-m", "andon"),
+        transport=transport,
     )
 
 
@@ -241,3 +245,23 @@ def _wait_for(predicate: Any, timeout: float) -> bool:
             return True
         time.sleep(0.05)  # sleep-ok: polling the engine's state, not ordering a race
     return predicate()
+
+
+async def test_a_container_worker_over_tcp_and_curve_has_its_keys_but_no_tool_can_read_them(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    """The remote-engine shape (no shared socket folder): tcp + CURVE, the worker's keys copied
+    into the container before it starts, deleted by the worker before any call."""
+    config = WorkerPoolConfig(
+        size=1, heartbeat_interval=INTERVAL, start_timeout=60, tcp=TcpListen("tcp://127.0.0.1:0")
+    )
+    launcher = _launcher(engine_url, worker_image, tmp_path, transport="tcp")
+    async with WorkerPool(config, default(), launcher=launcher) as pool:
+        assert pool.endpoint.startswith("tcp://127.0.0.1:")
+        executor = ToolExecutor(pool, pool.registry)
+        command = "ls /andon-worker.key_secret 2>/dev/null || echo no-key-file; echo done"
+        task, _, _ = await start(executor, _bash("c1-1-1", command, tmp_path))
+        outcome = await asyncio.wait_for(task, 60)
+    assert outcome.error is None, outcome
+    assert "no-key-file" in outcome.content and "done" in outcome.content
+    assert _ours(engine, pool) == []

@@ -19,7 +19,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from andon.base import ErrorCode, GracePolicy, procs
+from andon.base import ErrorCode, GracePolicy, WorkerError, procs
 from andon.protocol import CurveKeys, ErrorReply, curve_client, encode, load_keys, load_public_keys
 from andon.supervisor import (
     CommandLauncher,
@@ -31,7 +31,7 @@ from andon.supervisor import (
     WorkerPoolConfig,
     WorkerSpec,
 )
-from andon.workers import default
+from andon.workers import default, tool
 from tests.support import procs_with_marker
 from tests.workers.support import start
 
@@ -223,3 +223,18 @@ async def test_an_allowed_key_cannot_speak_for_another_worker() -> None:
         with contextlib.suppress(BaseException):
             await starting
         await pool.aclose()
+
+
+async def test_a_worker_without_a_tool_of_the_session_is_refused_with_the_names() -> None:
+    registry = default()
+
+    @tool
+    def only_here() -> str:
+        """A tool the worker program cannot import."""
+        return "x"
+
+    registry.add(only_here)
+    config = WorkerPoolConfig(size=1, heartbeat_interval=0.5)
+    with pytest.raises(WorkerError, match="does not offer the tools only_here"):
+        async with WorkerPool(config, registry, launcher=_local_launcher()):
+            pass

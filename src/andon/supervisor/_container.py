@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
+import tarfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ _log = logging.getLogger("andon.pool")
 _T = TypeVar("_T")
 
 POOL_LABEL = "andon.pool"
+_KEY_FILE = "andon-worker.key_secret"  # at the root of the container, until the worker reads it
 WORKER_LABEL = "andon.worker"
 
 
@@ -72,6 +75,12 @@ class ContainerLauncher(WorkerLauncher):
     tools work in, at the path the session uses); ``runtime`` and ``ulimits`` (name -> (soft,
     hard)) pass to the engine as they are; ``tools`` is what the worker imports (``default`` or
     ``MODULE:NAME``), and must offer every tool of the session.
+
+    ``transport="tcp"`` is for an engine on another host (``ssh://``), whose containers cannot
+    reach a socket file of this one: the pool listens on tcp + CURVE (its config's ``tcp``), the
+    container gets ``network`` (default ``host``), and the worker's key pair is copied into the
+    created container before it starts (``put_archive``, mode 0400), read by the worker and
+    deleted before any tool runs: never on the command line, never in the environment.
     """
 
     transport = "ipc"
@@ -93,7 +102,13 @@ class ContainerLauncher(WorkerLauncher):
         environment: Mapping[str, str] | None = None,
         engine_timeout: float = 60.0,
         welcome_timeout: float = 60.0,
+        transport: str = "ipc",
+        network: str | None = None,
     ) -> None:
+        if transport not in ("ipc", "tcp"):
+            raise ValueError("transport must be 'ipc' or 'tcp'")
+        self.transport = transport  # type: ignore[assignment]
+        self.network = network or ("none" if transport == "ipc" else "host")
         self.image = image
         self.base_url = base_url
         self.mounts = tuple(mounts)
@@ -186,15 +201,21 @@ class ContainerLauncher(WorkerLauncher):
             docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
             for m in self.mounts
         ]
-        # The pool's private folder (its ipc socket) at the same path, so the endpoint the pool
-        # gives is the one the worker dials.
-        runtime = str(setup.runtime_dir)
-        mounts.append(docker.types.Mount(runtime, runtime, type="bind", read_only=False))
+        if self.transport == "ipc":
+            # The pool's private folder (its ipc socket) at the same path, so the endpoint the
+            # pool gives is the one the worker dials.
+            runtime = str(setup.runtime_dir)
+            mounts.append(docker.types.Mount(runtime, runtime, type="bind", read_only=False))
         ulimits = [
             docker.types.Ulimit(name=name, soft=soft, hard=hard)
             for name, (soft, hard) in self.ulimits.items()
         ]
         command = [*self.command, *worker_argv(spec, self.tools, self.welcome_timeout)]
+        keys = None
+        if spec.worker_keys is not None and spec.server_key is not None:
+            keys = _key_archive(spec.worker_keys.certificate())
+            command += ["--server-key", spec.server_key.decode("ascii")]
+            command += ["--keys", f"/{_KEY_FILE}", "--forget-keys"]
         name = f"andon-{setup.identity}-{spec.worker_id}"
         environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}
         for hidden in setup.hidden_env:
@@ -207,7 +228,7 @@ class ContainerLauncher(WorkerLauncher):
                 name=name,
                 labels={POOL_LABEL: setup.identity, WORKER_LABEL: spec.worker_id},
                 mounts=mounts,
-                network_mode="none",
+                network_mode=self.network,
                 runtime=self.runtime,
                 ulimits=ulimits or None,
                 environment=environment,
@@ -216,6 +237,8 @@ class ContainerLauncher(WorkerLauncher):
                 init=False,  # the worker is PID 1: it reaps, and it handles SIGTERM itself
             )
             try:
+                if keys is not None:
+                    container.put_archive("/", keys)
                 container.start()
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -316,3 +339,14 @@ def host_mounts(paths: Iterable[str], read_only: bool = True) -> list[Mount]:
             continue
         chosen.append(path)
     return [Mount(p, p, read_only) for p in chosen]
+
+
+def _key_archive(certificate: bytes) -> bytes:
+    """A tar holding the worker's key certificate, readable by its owner only."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(_KEY_FILE)
+        info.size = len(certificate)
+        info.mode = 0o400
+        tar.addfile(info, io.BytesIO(certificate))
+    return buffer.getvalue()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -170,15 +170,19 @@ class WorkerLauncher(abc.ABC):
         for worker in workers:
             self.kill(worker)
 
+    def exited(self, worker: LaunchedWorker) -> Awaitable[None]:
+        """Resolves once the worker has ended (awaiting it never cancels the watch)."""
+        return asyncio.shield(worker.exit)
+
     async def stop(self, worker: LaunchedWorker, timeout: float) -> None:
         """The worker was asked to stop (``shutdown``): give it ``timeout`` seconds to exit, then
         kill it; return once it has exited (or after 5 s more, written off)."""
         try:
-            await asyncio.wait_for(asyncio.shield(worker.exit), timeout)
+            await asyncio.wait_for(self.exited(worker), timeout)
         except TimeoutError:
             self.kill(worker)
             try:
-                await asyncio.wait_for(asyncio.shield(worker.exit), 5.0)
+                await asyncio.wait_for(self.exited(worker), 5.0)
             except TimeoutError:
                 return
 

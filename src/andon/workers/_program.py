@@ -147,12 +147,16 @@ KEYS_END = b"# end of keys\n"
 end of file cannot mark the certificate's end)."""
 
 
-def read_keys(path: str) -> CurveKeys:
+def read_keys(path: str, *, forget: bool = False) -> CurveKeys:
     """``--keys FILE`` (a secret key file), or ``-`` for the file's text on stdin, up to a
     :data:`KEYS_END` line or end of file (a launcher hands a worker its keys that way: nothing on
-    the command line, which ``ps`` shows, nothing in the environment, which tools inherit)."""
+    the command line, which ``ps`` shows, nothing in the environment, which tools inherit).
+    ``forget`` deletes the file once read (a copy a launcher made for this worker alone)."""
     if path != "-":
-        return load_keys(Path(path))
+        keys = load_keys(Path(path))
+        if forget:
+            Path(path).unlink()  # before any tool runs: no call of this worker may read it
+        return keys
     lines: list[bytes] = []
     stdin = sys.stdin.buffer
     while len(lines) < 64:
