@@ -442,6 +442,28 @@ def test_k8s_job_lets_andon_finish_its_grace() -> None:
     assert "secretKeyRef" in env_vars["DEEPSEEK_API_KEY"]["valueFrom"]
 
 
+K8S_SCHEMA_VERSION = "1.37.0"
+"""The Kubernetes release whose OpenAPI-derived JSON schemas (shipped by kubernetes-validate) the
+Job recipe must satisfy; strict: a misspelt or misplaced field is an error, not ignored."""
+
+
+def test_k8s_job_validates_against_the_kubernetes_schema() -> None:
+    import kubernetes_validate
+
+    job = _k8s_job()
+    kubernetes_validate.validate(job, K8S_SCHEMA_VERSION, strict=True)
+
+
+def test_the_schema_check_sees_a_misplaced_field() -> None:
+    import kubernetes_validate
+
+    job = json.loads(json.dumps(_k8s_job()))
+    pod = job["spec"]["template"]["spec"]
+    pod["terminationGracePeriod"] = pod.pop("terminationGracePeriodSeconds")  # a common slip
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, K8S_SCHEMA_VERSION, strict=True)
+
+
 def _can_unshare() -> bool:
     if shutil.which("unshare") is None:
         return False
