@@ -123,3 +123,23 @@ def test_host_mount_paths_drop_nested_ones(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(paths) == len(set(paths))
     for path in paths:
         assert not any(Path(path).is_relative_to(o) for o in paths if o != path)
+
+
+def test_two_runs_images_share_nothing_and_removing_one_leaves_the_other(
+    engine: DockerClient,
+) -> None:
+    """Two copies of the suite on one machine each make an image: they must not be one image
+    under two names, or the first run's clean-up takes the other's image away."""
+    first = make_worker_image(engine, f"localhost/andon-test-{secrets.token_hex(6)}:1")
+    second = make_worker_image(engine, f"localhost/andon-test-{secrets.token_hex(6)}:1")
+    try:
+        assert engine.images.get(first).id != engine.images.get(second).id
+        # Not even a layer in common (engines share identical layers between images, and one
+        # run's removal racing another run's use of a shared layer broke the other's image).
+        layers = [set(engine.images.get(ref).attrs["RootFS"]["Layers"]) for ref in (first, second)]
+        assert not layers[0] & layers[1]
+        remove_image(engine, first)
+        assert engine.images.get(second).attrs["Config"]["Labels"][IMAGE_LABEL] == second
+    finally:
+        remove_image(engine, first)
+        remove_image(engine, second)

@@ -301,8 +301,11 @@ def _host_top_dirs() -> list[str]:
     ]
 
 
-def _rootfs_tar() -> bytes:
-    """A root filesystem of empty folders, the host's /usr symlinks and three /etc files."""
+def _rootfs_tar(tag: str) -> bytes:
+    """A root filesystem of empty folders, the host's /usr symlinks, three /etc files and
+    ``/etc/andon-image`` naming ``tag``: the layer is this image's alone. (Two runs importing the
+    same bytes would share one layer and one image id, and the first run's removal would take the
+    other run's image with it; an ``ancestor`` filter would match the other run's containers.)"""
     now = int(time.time())
 
     def entry(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
@@ -321,7 +324,7 @@ def _rootfs_tar() -> bytes:
                 link = entry(name, tarfile.SYMTYPE, 0o777)
                 link.linkname = os.readlink(f"/{name}")
                 tar.addfile(link)
-        for name, text in _FILES.items():
+        for name, text in {**_FILES, "etc/andon-image": f"{tag}\n"}.items():
             data = text.encode()
             info = entry(name, tarfile.REGTYPE, 0o644)
             info.size = len(data)
@@ -356,7 +359,7 @@ def make_worker_image(client: DockerClient, tag: str) -> str:
     """
     import docker
 
-    data = _rootfs_tar()
+    data = _rootfs_tar(tag)
     changes = [f"LABEL {IMAGE_LABEL}={tag}"]
     try:
         error = _import_error(
