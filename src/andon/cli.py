@@ -112,7 +112,10 @@ def _parser() -> argparse.ArgumentParser:
         "--tools", default="default", metavar="SPEC", help="'default' or MODULE:NAME to import"
     )
     worker.add_argument(
-        "--server-key", metavar="KEY|FILE", help="the supervisor's CURVE public key (tcp)"
+        "--server-key",
+        metavar="KEY|FILE",
+        help="the supervisor's CURVE public key (tcp); write --server-key=KEY, as a key may "
+        "begin with '-'",
     )
     worker.add_argument(
         "--keys", metavar="FILE|-", help="this worker's CURVE secret key file ('-': on stdin)"

@@ -122,8 +122,7 @@ async def test_a_worker_whose_key_is_not_allowed_is_refused_before_any_frame(
                 pool.endpoint,
                 "--id",
                 "w1",  # the id of a real worker: the key, not the id, decides
-                "--server-key",
-                server_key.decode(),
+                f"--server-key={server_key.decode()}",
                 "--keys",
                 str(secret),
                 "--welcome-timeout",

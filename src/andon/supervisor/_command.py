@@ -99,7 +99,9 @@ class CommandLauncher(WorkerLauncher):
         ]
         secret: bytes | None = None
         if spec.worker_keys is not None and spec.server_key is not None:
-            argv += ["--server-key", spec.server_key.decode("ascii"), "--keys", "-"]
+            # One word with "=": a Z85 key may begin with "-", which argparse would take for
+            # an option (seen: a worker failing to start about once in twenty).
+            argv += [f"--server-key={spec.server_key.decode('ascii')}", "--keys", "-"]
             secret = spec.worker_keys.certificate() + KEYS_END
         elif self.insecure:
             argv.append("--insecure")

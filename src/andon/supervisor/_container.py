@@ -214,7 +214,9 @@ class ContainerLauncher(WorkerLauncher):
         keys = None
         if spec.worker_keys is not None and spec.server_key is not None:
             keys = _key_archive(spec.worker_keys.certificate())
-            command += ["--server-key", spec.server_key.decode("ascii")]
+            # One word with "=": a Z85 key may begin with "-", which argparse would take for
+            # an option (seen: a worker failing to start about once in twenty).
+            command.append(f"--server-key={spec.server_key.decode('ascii')}")
             command += ["--keys", f"/{_KEY_FILE}", "--forget-keys"]
         name = f"andon-{setup.identity}-{spec.worker_id}"
         environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}
