@@ -265,3 +265,53 @@ async def test_a_container_worker_over_tcp_and_curve_has_its_keys_but_no_tool_ca
     assert outcome.error is None, outcome
     assert "no-key-file" in outcome.content and "done" in outcome.content
     assert _ours(engine, pool) == []
+
+
+async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool gave the start up (a CI runner's SIGTERM during the start) while the engine was
+    still creating the container: what the engine made afterwards is removed, not left to run
+    until its worker's welcome timeout."""
+    import threading
+
+    from andon.supervisor import PoolSetup, WorkerSpec
+
+    identity = f"test-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    launcher = _launcher(engine_url, worker_image, tmp_path)
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    await launcher.open(PoolSetup(runtime, default(), frozenset(), 1 << 20, identity))
+    arrived, release = threading.Event(), threading.Event()
+    from docker.models.containers import ContainerCollection
+
+    create = ContainerCollection.create
+
+    made: list[Any] = []
+
+    def held_create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        arrived.set()
+        release.wait(60)
+        made.append(create(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(ContainerCollection, "create", held_create)
+    try:
+        spec = WorkerSpec("w1", f"ipc://{runtime}/nobody.sock", heartbeat_interval=1.0)
+        starting = asyncio.create_task(launcher.start(spec))
+        assert await asyncio.to_thread(arrived.wait, 30)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        release.set()
+
+        def ours() -> list[Any]:
+            return list(
+                engine.containers.list(all=True, filters={"label": f"andon.pool={identity}"})
+            )
+
+        # Created, then removed by the start's own clean-up (nothing else sweeps here).
+        assert await asyncio.to_thread(_wait_for, lambda: bool(made) and not ours(), 30)
+    finally:
+        release.set()
+        await launcher.aclose()

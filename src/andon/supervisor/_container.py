@@ -22,7 +22,6 @@ import contextlib
 import io
 import logging
 import tarfile
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,6 +34,7 @@ from andon.supervisor._launch import (
     WorkerSpec,
     worker_argv,
 )
+from andon.supervisor._threads import EngineThreads
 
 __all__ = ["ContainerLauncher", "Mount"]
 
@@ -122,42 +122,12 @@ class ContainerLauncher(WorkerLauncher):
         self._client: Any = None
         self._docker: Any = None
         self._setup: PoolSetup | None = None
-        self._threads: set[threading.Thread] = set()
-        self._lock = threading.Lock()
+        self._engine = EngineThreads("andon-engine")
 
-    # -- engine calls in threads --------------------------------------------------------------
-
-    def _in_thread(self, fn: Callable[[], _T], name: str) -> asyncio.Future[_T]:
-        """``fn()`` in a thread of the launcher's own; its result as a future of the loop."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[_T] = loop.create_future()
-
-        def settle(value: _T | None, error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(value)  # type: ignore[arg-type]
-
-        def body() -> None:
-            try:
-                value = fn()
-            except BaseException as e:  # handed to the loop, never lost in a thread
-                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                    loop.call_soon_threadsafe(settle, None, e)
-            else:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(settle, value, None)
-            finally:
-                with self._lock:
-                    self._threads.discard(threading.current_thread())
-
-        thread = threading.Thread(target=body, name=f"andon-engine-{name}", daemon=True)
-        with self._lock:
-            self._threads.add(thread)
-        thread.start()
-        return future
+    def _in_thread(
+        self, fn: Callable[[], _T], name: str, orphan: Callable[[_T], None] | None = None
+    ) -> asyncio.Future[_T]:
+        return self._engine.run(fn, name, orphan=orphan)
 
     # -- the seam -----------------------------------------------------------------------------
 
@@ -249,7 +219,9 @@ class ContainerLauncher(WorkerLauncher):
             return container
 
         try:
-            container = await self._in_thread(create_and_start, f"start-{spec.worker_id}")
+            container = await self._in_thread(
+                create_and_start, f"start-{spec.worker_id}", orphan=_remove_quietly
+            )
         except docker.errors.DockerException as e:
             raise WorkerError(
                 f"the engine could not start worker {spec.worker_id}: {e}", worker=spec.worker_id
@@ -306,6 +278,9 @@ class ContainerLauncher(WorkerLauncher):
         """Remove whatever is left with this pool's label, then wait (bounded) for the engine
         calls still running."""
         client, setup = self._client, self._setup
+        # A start still in flight could create a container after the sweep: wait for it first
+        # (a start whose caller is gone removes what it made itself).
+        await asyncio.to_thread(self._engine.join_starts, self.engine_timeout)
         if client is not None and setup is not None:
 
             def sweep() -> None:
@@ -320,17 +295,17 @@ class ContainerLauncher(WorkerLauncher):
                 await asyncio.wait_for(self._in_thread(sweep, "sweep"), self.engine_timeout)
             except Exception as e:
                 _log.warning("could not sweep this pool's containers: %s", e)
-        await asyncio.to_thread(self._join_threads, self.engine_timeout)
+        await asyncio.to_thread(self._engine.join, self.engine_timeout)
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
             self._client = None
 
-    def _join_threads(self, timeout: float) -> None:
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(timeout)
+
+def _remove_quietly(container: Any) -> None:
+    """A container whose start nobody waits for any more (the pool closed meanwhile)."""
+    with contextlib.suppress(Exception):
+        container.remove(force=True)
 
 
 def host_mounts(paths: Iterable[str], read_only: bool = True) -> list[Mount]:
