@@ -29,6 +29,7 @@ from andon.supervisor._hooks import (
 from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
 from andon.supervisor._open import DEFAULT_SYSTEM_PROMPT, SECRET_ENV, open_agent
 from andon.supervisor._outcome import StageMark, ToolOutcome
+from andon.supervisor._pod import PodLauncher
 from andon.supervisor._pool import TcpListen, WorkerGone, WorkerLease, WorkerPool, WorkerPoolConfig
 from andon.supervisor._subagent import SubagentCall, subagent_tool
 
@@ -47,6 +48,7 @@ __all__ = [
     "LaunchedWorker",
     "Mount",
     "OnRequestError",
+    "PodLauncher",
     "PoolSetup",
     "PostTool",
     "PreStep",

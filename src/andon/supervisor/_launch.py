@@ -80,6 +80,9 @@ class LaunchedWorker:
         self.pid = pid
         self.exit: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Resolved once, when the worker is known to have ended (launchers set it)."""
+        self.exit_reason: str | None = None
+        """How it ended, in the engine's words, where the launcher knows more than "it exited"
+        (a Pod that cannot be scheduled, an image that cannot be pulled, an eviction)."""
 
     def has_exited(self) -> bool:
         """It has ended, even if the event loop has not been told yet."""

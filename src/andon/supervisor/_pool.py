@@ -621,9 +621,11 @@ class WorkerPool:
             return
         worker.dead = True
         if not worker.ready.done():
+            how = worker.launched.exit_reason if worker.launched is not None else None
             worker.ready.set_exception(
                 WorkerError(
-                    f"worker {worker.worker_id} exited during start", worker=worker.worker_id
+                    f"worker {worker.worker_id} exited during start" + (f": {how}" if how else ""),
+                    worker=worker.worker_id,
                 )
             )
             worker.ready.exception()  # mark retrieved; the start path reports it
@@ -636,7 +638,7 @@ class WorkerPool:
             reason = (
                 worker.kill_reason
                 or self._stopping
-                or ("ended by andon" if worker.killed_on_purpose else "the worker process died")
+                or ("ended by andon" if worker.killed_on_purpose else _died(worker))
             )
             lease._answer_gone(reason, worker.killed_on_purpose or self._stopping is not None)
         if worker.launched is not None and worker.launched.has_exited():
@@ -877,6 +879,11 @@ def _tcp_host(address: str, what: str) -> str:
     except ValueError:
         raise ConfigError(f"the {what} {address!r} has a bad port") from None
     return parts.hostname
+
+
+def _died(worker: _Worker) -> str:
+    how = worker.launched.exit_reason if worker.launched is not None else None
+    return "the worker process died" + (f": {how}" if how else "")
 
 
 def _pool_identity() -> str:

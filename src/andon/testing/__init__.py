@@ -1,6 +1,7 @@
 """Helpers for tests, ours and users': hard-to-stop process trees, the mock model server (a
 scripted OpenAI-compatible streaming endpoint on 127.0.0.1) and real containers (a private Podman
-API service, a registry-free worker image, host bind mounts; needs the ``containers`` extra)."""
+API service, a registry-free worker image, host bind mounts; needs the ``containers`` extra) and a
+stand-in Kubernetes API server whose kubelet runs Pods as local processes."""
 
 from andon.testing._engine import (
     ENGINE_URL_VAR,
@@ -14,6 +15,7 @@ from andon.testing._engine import (
     why_no_engine,
     worker_ulimits,
 )
+from andon.testing._kube import FakeKubernetes
 from andon.testing._mock_server import (
     SERVER_ONLY_FIELDS,
     MockModelServer,
@@ -35,6 +37,7 @@ __all__ = [
     "SHELL_SLEEP",
     "STUBBORN",
     "TRAP_INT",
+    "FakeKubernetes",
     "MockModelServer",
     "PodmanService",
     "RecordedRequest",
