@@ -52,12 +52,16 @@ async def test_the_worker_pod_andon_sends_validates_and_can_be_owned(
         requests={"cpu": "500m", "memory": "1Gi"},
         limits={"cpu": "2", "memory": "2Gi"},
         node_selector={"kubernetes.io/arch": "amd64"},
+        volumes=[{"name": "work", "persistentVolumeClaim": {"claimName": "andon-work"}}],
+        volume_mounts=[{"name": "work", "mountPath": "/workspace"}],
         owner_pod="andon-session-7",
     )
     config = WorkerPoolConfig(size=1, start_timeout=60, tcp=TcpListen("tcp://127.0.0.1:0"))
     async with WorkerPool(config, default(), launcher=launcher):
         [sent] = _sent_pods(cluster)[1:]
         worker = sent["metadata"]["name"]
+        [container] = sent["spec"]["containers"]
+        assert {"name": "work", "mountPath": "/workspace"} in container["volumeMounts"]
         assert sent["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Pod", "name": "andon-session-7", "uid": created}
         ]

@@ -423,3 +423,16 @@ async def test_an_unreachable_api_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(WorkerError, match="cannot reach the Kubernetes API"):
         await launcher.open(setup)
     await launcher.aclose()
+
+
+async def test_an_api_gone_after_the_open_fails_a_start_clearly(
+    tmp_path: Path, cluster: FakeKubernetes
+) -> None:
+    launcher = launcher_for(cluster, engine_timeout=5.0)
+    await launcher.open(_setup(tmp_path))
+    try:
+        cluster.close()  # the API server is gone: connections are refused
+        with pytest.raises(WorkerError, match="cannot reach the Kubernetes API to start worker w1"):
+            await launcher.start(WorkerSpec("w1", "tcp://127.0.0.1:9", heartbeat_interval=1.0))
+    finally:
+        await launcher.aclose()

@@ -103,7 +103,10 @@ class PodLauncher(WorkerLauncher):
     (``command`` starts it, as for :class:`ContainerLauncher`); ``tools`` is what the worker
     imports. ``requests`` and ``limits`` are the container's resources (``{"cpu": "500m",
     "memory": "1Gi"}``); ``environment`` its variables (the model API keys are always left out);
-    ``labels``, ``node_selector``, ``service_account`` and ``image_pull_policy`` pass to the Pod.
+    ``labels``, ``node_selector``, ``service_account`` and ``image_pull_policy`` pass to the Pod;
+    ``volumes`` and ``volume_mounts`` too, in the API's own shapes (``{"name": "work",
+    "persistentVolumeClaim": {"claimName": "ws"}}``, ``{"name": "work", "mountPath": "/ws"}``):
+    the workspace the tools work in, at the path the session uses.
     ``termination_grace`` is the Pod's ``terminationGracePeriodSeconds``, the longest a deletion
     by anyone else may take. ``owner_pod`` names andon's own Pod (in ``namespace``) when it runs
     in one: every worker Pod is then owned by it, and the cluster deletes the workers if andon's
@@ -136,6 +139,8 @@ class PodLauncher(WorkerLauncher):
         limits: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         node_selector: Mapping[str, str] | None = None,
+        volumes: Sequence[Mapping[str, Any]] = (),
+        volume_mounts: Sequence[Mapping[str, Any]] = (),
         service_account: str | None = None,
         image_pull_policy: str = "IfNotPresent",
         termination_grace: int = 30,
@@ -160,6 +165,8 @@ class PodLauncher(WorkerLauncher):
         self.limits = dict(limits or {})
         self.labels = dict(labels or {})
         self.node_selector = dict(node_selector or {})
+        self.volumes = [dict(v) for v in volumes]
+        self.volume_mounts = [dict(m) for m in volume_mounts]
         self.service_account = service_account
         self.image_pull_policy = image_pull_policy
         self.termination_grace = termination_grace
@@ -315,6 +322,13 @@ class PodLauncher(WorkerLauncher):
                 f"{_api_message(e)}",
                 worker=spec.worker_id,
             ) from None
+        except Exception as e:  # the API cannot be reached (refused, timed out, TLS)
+            self._pods.pop(name, None)
+            raise WorkerError(
+                f"cannot reach the Kubernetes API to start worker {spec.worker_id}: "
+                f"{type(e).__name__}: {e}",
+                worker=spec.worker_id,
+            ) from None
         except BaseException:
             self._pods.pop(name, None)
             raise
@@ -345,19 +359,23 @@ class PodLauncher(WorkerLauncher):
             "automountServiceAccountToken": self.service_account is not None,
             "containers": [container],
         }
+        mounts = list(self.volume_mounts)
+        volumes = list(self.volumes)
         if spec.server_key is not None and worker.secret is not None:
             # One word with "=": a Z85 key may begin with "-" (argparse would take an option).
             command.append(f"--server-key={spec.server_key.decode('ascii')}")
             command += ["--keys", f"{KEY_DIR}/{_KEY_NAME}"]
-            container["volumeMounts"] = [
-                {"name": "andon-keys", "mountPath": KEY_DIR, "readOnly": True}
-            ]
-            spec_body["volumes"] = [
+            mounts.append({"name": "andon-keys", "mountPath": KEY_DIR, "readOnly": True})
+            volumes.append(
                 {
                     "name": "andon-keys",
                     "secret": {"secretName": worker.secret, "defaultMode": 0o400},
                 }
-            ]
+            )
+        if mounts:
+            container["volumeMounts"] = mounts
+        if volumes:
+            spec_body["volumes"] = volumes
         if self.node_selector:
             spec_body["nodeSelector"] = self.node_selector
         if self.service_account is not None:
