@@ -376,7 +376,7 @@ async def test_a_conflict_on_create_is_a_clear_error(cluster: FakeKubernetes) ->
     pool = _pool(launcher_for(cluster))
     try:
         with pytest.raises(
-            WorkerError, match="would not create the Pod of worker w1: 409 AlreadyExists"
+            WorkerError, match="Kubernetes would not create the Pod: 409 AlreadyExists"
         ):
             await asyncio.wait_for(pool.start(), 30)
     finally:
@@ -432,7 +432,7 @@ async def test_an_api_gone_after_the_open_fails_a_start_clearly(
     await launcher.open(_setup(tmp_path))
     try:
         cluster.close()  # the API server is gone: connections are refused
-        with pytest.raises(WorkerError, match="cannot reach the Kubernetes API to start worker w1"):
+        with pytest.raises(WorkerError, match="w1 cannot start: cannot reach the Kubernetes API"):
             await launcher.start(WorkerSpec("w1", "tcp://127.0.0.1:9", heartbeat_interval=1.0))
     finally:
         await launcher.aclose()

@@ -315,19 +315,14 @@ class PodLauncher(WorkerLauncher):
                 f"start-{spec.worker_id}",
                 orphan=lambda _uid: self._delete_now(name, worker.secret),
             )
-        except k8s.client.exceptions.ApiException as e:
+        except Exception as e:
             self._pods.pop(name, None)
+            if isinstance(e, k8s.client.exceptions.ApiException):
+                why = f"Kubernetes would not create the Pod: {_api_message(e)}"
+            else:  # the API cannot be reached (refused, timed out, TLS)
+                why = f"cannot reach the Kubernetes API: {type(e).__name__}: {e}"
             raise WorkerError(
-                f"Kubernetes would not create the Pod of worker {spec.worker_id}: "
-                f"{_api_message(e)}",
-                worker=spec.worker_id,
-            ) from None
-        except Exception as e:  # the API cannot be reached (refused, timed out, TLS)
-            self._pods.pop(name, None)
-            raise WorkerError(
-                f"cannot reach the Kubernetes API to start worker {spec.worker_id}: "
-                f"{type(e).__name__}: {e}",
-                worker=spec.worker_id,
+                f"worker {spec.worker_id} cannot start: {why}", worker=spec.worker_id
             ) from None
         except BaseException:
             self._pods.pop(name, None)
@@ -581,10 +576,7 @@ class PodLauncher(WorkerLauncher):
                 pod, self.namespace, grace_period_seconds=0, _request_timeout=self.engine_timeout
             )
         if secret is not None:
-            with contextlib.suppress(Exception):
-                self._api.delete_namespaced_secret(
-                    secret, self.namespace, _request_timeout=self.engine_timeout
-                )
+            self._delete_secret(secret)
 
     def kill(self, worker: LaunchedWorker) -> None:
         assert isinstance(worker, _PodWorker)

@@ -657,6 +657,11 @@ def _container_env(container: Json, mounts: list[tuple[str, str]]) -> dict[str, 
     return env
 
 
+def _already_exists(kind: str, name: str) -> _ApiError:
+    details = {"name": name, "kind": kind}
+    return _error(409, "AlreadyExists", f'{kind} "{name}" already exists', details)
+
+
 def _start_error(argv: list[str], exc: OSError | None) -> str:
     if exc is None:
         cause = "no command specified"
@@ -1263,12 +1268,7 @@ class FakeKubernetes:
         with self._cond:
             bucket = self._bucket("pods", namespace)
             if name in bucket:
-                raise _error(
-                    409,
-                    "AlreadyExists",
-                    f'pods "{name}" already exists',
-                    {"name": name, "kind": "pods"},
-                )
+                raise _already_exists("pods", name)
             pod = self._stamp(pod, namespace, "Pod")
             bucket[name] = pod
             uid = pod["metadata"]["uid"]
@@ -1607,12 +1607,7 @@ class FakeKubernetes:
         with self._cond:
             bucket = self._bucket("secrets", namespace)
             if name in bucket:
-                raise _error(
-                    409,
-                    "AlreadyExists",
-                    f'secrets "{name}" already exists',
-                    {"name": name, "kind": "secrets"},
-                )
+                raise _already_exists("secrets", name)
             secret = self._stamp(secret, namespace, "Secret")
             bucket[name] = secret
             self._emit("secrets", "ADDED", secret)
