@@ -1,10 +1,13 @@
-"""The leftover-process check itself must be able to fail: it sees escapees that re-parented."""
+"""Checks of the test suite itself: the leftover-process check can fail (it sees escapees that
+re-parented), and no test orders a race with an unexplained sleep."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+from pathlib import Path
 
 from andon.base import procs
 from tests.support import alive_after, tagged_processes
@@ -29,3 +32,52 @@ def test_leftover_check_sees_a_double_forked_escapee() -> None:
         assert procs.signal_key(info.key, signal.SIGKILL)
     assert alive_after([info], timeout=5.0) == []
     assert pid not in [p.pid for p in tagged_processes()]
+
+
+# A real sleep in a test: time.sleep(…), asyncio.sleep(…), or sleep imported bare from either.
+_SLEEP = re.compile(r"\b(?:time|asyncio)\.sleep\(|\bfrom (?:time|asyncio) import [^#]*\bsleep\b")
+_TESTS = Path(__file__).resolve().parent
+
+
+def _unmarked_sleeps(text: str) -> list[tuple[int, str]]:
+    """Sleeps with no ``sleep-ok: why`` on their line or in the comment lines right above."""
+    lines = text.splitlines()
+    found = []
+    for n, line in enumerate(lines):
+        if not _SLEEP.search(line.split("#", 1)[0]):
+            continue
+        above = n - 1
+        marked = "sleep-ok" in line
+        while not marked and above >= 0 and lines[above].lstrip().startswith("#"):
+            marked = "sleep-ok" in lines[above]
+            above -= 1
+        if not marked:
+            found.append((n + 1, line.strip()))
+    return found
+
+
+def test_every_sleep_in_the_tests_says_why_it_is_not_ordering_a_race() -> None:
+    offences = [
+        f"{path.relative_to(_TESTS.parent)}:{n}: {line}"
+        for path in sorted(_TESTS.rglob("*.py"))
+        for n, line in _unmarked_sleeps(path.read_text())
+    ]
+    assert offences == [], "mark each with '# sleep-ok: why' or wait on an event:\n" + "\n".join(
+        offences
+    )
+
+
+def test_the_sleep_check_sees_an_unmarked_sleep() -> None:
+    nap = "time." + "sleep"  # not written whole, or this file would be an offender itself
+    sample = "\n".join(
+        [
+            "import time",
+            f"{nap}(1)",
+            "# sleep-ok: a window",
+            f"{nap}(2)",
+            "await asyncio." + "sleep(3)  # sleep-ok: a tick",
+            "from asyncio " + "import sleep",
+            "print('sleep 60')",
+        ]
+    )
+    assert [n for n, _ in _unmarked_sleeps(sample)] == [2, 6]

@@ -81,7 +81,7 @@ async def _gone(pool: WorkerPool) -> None:
     for _ in range(60):
         if not await asyncio.to_thread(_pods_of, pool):
             return
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # sleep-ok: polling a real cluster, which has no event for this
     raise AssertionError(f"left in the cluster: {await asyncio.to_thread(_pods_of, pool)}")
 
 
