@@ -34,7 +34,7 @@ def test_leftover_check_sees_a_double_forked_escapee() -> None:
     assert pid not in [p.pid for p in tagged_processes()]
 
 
-# A real sleep in a test: time.sleep(…), asyncio.sleep(…), or sleep imported bare from either.
+# A real sleep in a test: a call of time.sleep or asyncio.sleep, or sleep imported bare from either.
 _SLEEP = re.compile(r"\b(?:time|asyncio)\.sleep\(|\bfrom (?:time|asyncio) import [^#]*\bsleep\b")
 _TESTS = Path(__file__).resolve().parent
 
