@@ -22,9 +22,9 @@ import contextlib
 import io
 import logging
 import tarfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from andon.base import ConfigError, WorkerError
 from andon.supervisor._launch import (
@@ -39,7 +39,6 @@ from andon.supervisor._threads import EngineThreads
 __all__ = ["ContainerLauncher", "Mount"]
 
 _log = logging.getLogger("andon.pool")
-_T = TypeVar("_T")
 
 POOL_LABEL = "andon.pool"
 _KEY_FILE = "andon-worker.key_secret"  # at the root of the container, until the worker reads it
@@ -124,11 +123,6 @@ class ContainerLauncher(WorkerLauncher):
         self._setup: PoolSetup | None = None
         self._engine = EngineThreads("andon-engine")
 
-    def _in_thread(
-        self, fn: Callable[[], _T], name: str, orphan: Callable[[_T], None] | None = None
-    ) -> asyncio.Future[_T]:
-        return self._engine.run(fn, name, orphan=orphan)
-
     # -- the seam -----------------------------------------------------------------------------
 
     async def open(self, setup: PoolSetup) -> None:
@@ -151,12 +145,12 @@ class ContainerLauncher(WorkerLauncher):
             return client
 
         try:
-            self._client = await self._in_thread(connect, "connect")
+            self._client = await self._engine.run(connect, "connect")
         except Exception as e:
             where = self.base_url or "the default engine (DOCKER_HOST)"
             raise WorkerError(f"cannot reach the container engine at {where}: {e}") from None
         try:
-            await self._in_thread(lambda: self._client.images.get(self.image), "image")
+            await self._engine.run(lambda: self._client.images.get(self.image), "image")
         except docker.errors.ImageNotFound:
             raise ConfigError(
                 f"the container engine has no image {self.image!r} (andon never pulls one: "
@@ -219,7 +213,7 @@ class ContainerLauncher(WorkerLauncher):
             return container
 
         try:
-            container = await self._in_thread(
+            container = await self._engine.run(
                 create_and_start, f"start-{spec.worker_id}", orphan=_remove_quietly
             )
         except docker.errors.DockerException as e:
@@ -243,7 +237,7 @@ class ContainerLauncher(WorkerLauncher):
                 future.exception()  # retrieved: an engine error also means "gone"
             worker._set_exited()
 
-        self._in_thread(wait, f"wait-{worker.worker_id}").add_done_callback(settled)
+        self._engine.run(wait, f"wait-{worker.worker_id}").add_done_callback(settled)
 
     def kill(self, worker: LaunchedWorker) -> None:
         assert isinstance(worker, _ContainerWorker)
@@ -264,7 +258,7 @@ class ContainerLauncher(WorkerLauncher):
                 if e.status_code != 409:  # 409: its removal is already under way
                     _log.warning("could not remove %s: %s", worker.describe(), e)
 
-        removal = self._in_thread(remove, f"remove-{worker.worker_id}")
+        removal = self._engine.run(remove, f"remove-{worker.worker_id}")
         removal.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def release(self, worker: LaunchedWorker) -> None:
@@ -292,7 +286,7 @@ class ContainerLauncher(WorkerLauncher):
                         container.remove(force=True)
 
             try:
-                await asyncio.wait_for(self._in_thread(sweep, "sweep"), self.engine_timeout)
+                await asyncio.wait_for(self._engine.run(sweep, "sweep"), self.engine_timeout)
             except Exception as e:
                 _log.warning("could not sweep this pool's containers: %s", e)
         await asyncio.to_thread(self._engine.join, self.engine_timeout)

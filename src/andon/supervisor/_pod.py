@@ -204,11 +204,12 @@ class PodLauncher(WorkerLauncher):
         # Names and label values are DNS labels (lowercase, 63 characters at most): a digest of
         # the pool's identity is both, and as unique.
         self._tag = hashlib.sha256(setup.identity.encode()).hexdigest()[:12]
-        configuration = await self._in_thread(self._load_configuration, "configure")
+        configuration = await self._engine.run(self._load_configuration, "configure")
         self._api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
         where = f"namespace {self.namespace!r} at {configuration.host}"
         try:
-            version = await self._in_thread(self._list_version, "probe")
+            # The resourceVersion the watch starts from, and a check that the API answers.
+            version = await self._engine.run(lambda: self._list("pods")[1], "probe")
         except kubernetes.client.exceptions.ApiException as e:
             if e.status in (401, 403):
                 raise ConfigError(
@@ -226,7 +227,7 @@ class PodLauncher(WorkerLauncher):
     async def _owner_reference(self, name: str, where: str) -> dict[str, str]:
         api = self._api
         try:
-            pod = await self._in_thread(
+            pod = await self._engine.run(
                 lambda: api.read_namespaced_pod(
                     name, self.namespace, _request_timeout=self.engine_timeout
                 ),
@@ -260,10 +261,6 @@ class PodLauncher(WorkerLauncher):
     def _selector(self) -> str:
         return f"{POOL_LABEL}={self._tag}"
 
-    def _list_version(self) -> str:
-        """The resourceVersion the watch starts from (and a check that the API answers)."""
-        return self._list("pods")[1]
-
     def _list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
         method = (
             self._api.list_namespaced_pod if kind == "pods" else self._api.list_namespaced_secret
@@ -276,9 +273,6 @@ class PodLauncher(WorkerLauncher):
         )
         body = json.loads(response.data)
         return list(body.get("items") or []), str(body["metadata"].get("resourceVersion", ""))
-
-    def _in_thread(self, fn: Any, name: str) -> asyncio.Future[Any]:
-        return self._engine.run(fn, name)
 
     # -- starting -----------------------------------------------------------------------------
 
@@ -569,14 +563,21 @@ class PodLauncher(WorkerLauncher):
 
         self._engine.run(delete, f"delete-{worker.worker_id}").add_done_callback(done)
 
-    def _delete_now(self, pod: str, secret: str | None) -> None:
-        """In a thread: delete a Pod (grace 0) and its Secret, whatever is left of them."""
-        with contextlib.suppress(Exception):
-            self._api.delete_namespaced_pod(
-                pod, self.namespace, grace_period_seconds=0, _request_timeout=self.engine_timeout
-            )
+    def _delete_now(self, pod: str | None, secret: str | None) -> None:
+        """In a thread: delete a Pod (grace 0) and a Secret, whatever is left of them."""
+        if pod is not None:
+            with contextlib.suppress(Exception):
+                self._api.delete_namespaced_pod(
+                    pod,
+                    self.namespace,
+                    grace_period_seconds=0,
+                    _request_timeout=self.engine_timeout,
+                )
         if secret is not None:
-            self._delete_secret(secret)
+            with contextlib.suppress(Exception):
+                self._api.delete_namespaced_secret(
+                    secret, self.namespace, _request_timeout=self.engine_timeout
+                )
 
     def kill(self, worker: LaunchedWorker) -> None:
         assert isinstance(worker, _PodWorker)
@@ -604,21 +605,12 @@ class PodLauncher(WorkerLauncher):
         worker.released = True
         if self._pods.get(worker.pod) is worker:
             del self._pods[worker.pod]
-        if worker.delete_grace != 0:
-            worker.delete_grace = 0
-            name, secret = worker.pod, worker.secret
-            self._engine.run(lambda: self._delete_now(name, secret), f"release-{worker.worker_id}")
-        elif worker.secret is not None:
+        # A Pod already deleted with grace 0 needs no second request; its Secret does.
+        pod = worker.pod if worker.delete_grace != 0 else None
+        worker.delete_grace = 0
+        if pod is not None or worker.secret is not None:
             secret = worker.secret
-            self._engine.run(
-                lambda: self._delete_secret(secret), f"release-{worker.worker_id}"
-            ).add_done_callback(_retrieve)
-
-    def _delete_secret(self, name: str) -> None:
-        with contextlib.suppress(Exception):
-            self._api.delete_namespaced_secret(
-                name, self.namespace, _request_timeout=self.engine_timeout
-            )
+            self._engine.run(lambda: self._delete_now(pod, secret), f"release-{worker.worker_id}")
 
     async def aclose(self) -> None:
         """Wait for the starts in flight, delete whatever carries this pool's label, stop the
@@ -629,22 +621,10 @@ class PodLauncher(WorkerLauncher):
         if api is not None:
 
             def sweep() -> None:
-                for kind in ("pods", "secrets"):
-                    items, _version = self._list(kind)
-                    for item in items:
-                        name = item["metadata"]["name"]
-                        with contextlib.suppress(Exception):
-                            if kind == "pods":
-                                api.delete_namespaced_pod(
-                                    name,
-                                    self.namespace,
-                                    grace_period_seconds=0,
-                                    _request_timeout=self.engine_timeout,
-                                )
-                            else:
-                                api.delete_namespaced_secret(
-                                    name, self.namespace, _request_timeout=self.engine_timeout
-                                )
+                for item in self._list("pods")[0]:
+                    self._delete_now(item["metadata"]["name"], None)
+                for item in self._list("secrets")[0]:
+                    self._delete_now(None, item["metadata"]["name"])
 
             try:
                 await asyncio.wait_for(self._engine.run(sweep, "sweep"), self.engine_timeout * 2)

@@ -621,10 +621,9 @@ class WorkerPool:
             return
         worker.dead = True
         if not worker.ready.done():
-            how = worker.launched.exit_reason if worker.launched is not None else None
             worker.ready.set_exception(
                 WorkerError(
-                    f"worker {worker.worker_id} exited during start" + (f": {how}" if how else ""),
+                    f"worker {worker.worker_id} exited during start{_how(worker)}",
                     worker=worker.worker_id,
                 )
             )
@@ -638,7 +637,11 @@ class WorkerPool:
             reason = (
                 worker.kill_reason
                 or self._stopping
-                or ("ended by andon" if worker.killed_on_purpose else _died(worker))
+                or (
+                    "ended by andon"
+                    if worker.killed_on_purpose
+                    else f"the worker process died{_how(worker)}"
+                )
             )
             lease._answer_gone(reason, worker.killed_on_purpose or self._stopping is not None)
         if worker.launched is not None and worker.launched.has_exited():
@@ -881,9 +884,10 @@ def _tcp_host(address: str, what: str) -> str:
     return parts.hostname
 
 
-def _died(worker: _Worker) -> str:
+def _how(worker: _Worker) -> str:
+    """``": <how it ended>"`` where its launcher knows (LaunchedWorker.exit_reason), else ""."""
     how = worker.launched.exit_reason if worker.launched is not None else None
-    return "the worker process died" + (f": {how}" if how else "")
+    return f": {how}" if how else ""
 
 
 def _pool_identity() -> str:
