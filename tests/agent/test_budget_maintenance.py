@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ LONG_TOOL = {
 
 async def test_a_time_budget_stops_a_long_tool_and_the_next_turn_runs(tmp_path: Path) -> None:
     clock = ManualClock()
-    replies = [LONG_TOOL, {"text": "next turn is fine"}]
+    replies: list[dict[str, Any]] = [LONG_TOOL, {"text": "next turn is fine"}]
     async with agent_for(tmp_path, replies, hooks=[TurnBudget(seconds=30)], clock=clock) as agent:
         watcher = Watcher(agent)
         agent.followup("build")
@@ -42,7 +43,7 @@ async def test_a_time_budget_stops_a_long_tool_and_the_next_turn_runs(tmp_path: 
 
 async def test_a_stale_budget_never_touches_a_later_turn(tmp_path: Path) -> None:
     clock = ManualClock()
-    replies = [{"text": "quick"}, LONG_TOOL]
+    replies: list[dict[str, Any]] = [{"text": "quick"}, LONG_TOOL]
     async with agent_for(tmp_path, replies, hooks=[TurnBudget(seconds=5)], clock=clock) as agent:
         watcher = Watcher(agent)
         agent.followup("one")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from andon.base import GracePolicy, User
 from andon.llm import Scripted
@@ -153,7 +154,7 @@ async def test_wake_latch_replays_a_followup_sent_while_the_turn_unwinds(
 ) -> None:
     # Turn 1 runs a tool that ignores SIGINT; the cancel's grace keeps it unwinding while B
     # arrives. B must run as turn 2 with no further send, and parked A before it.
-    replies = [
+    replies: list[dict[str, Any]] = [
         {
             "tool_calls": [
                 {
@@ -228,7 +229,7 @@ async def test_plain_cancel_after_the_latch_clears_it(tmp_path: Path) -> None:
 
 
 async def test_a_steer_after_the_abort_becomes_a_followup(tmp_path: Path) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {
             "tool_calls": [
                 {

@@ -126,7 +126,7 @@ async def test_a_cancel_logs_every_shown_delta_before_the_salvaged_prefix(tmp_pa
 
 
 async def test_tool_call_fragments_merge_per_call(tmp_path: Path) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {
             "text": "Two calls.",
             "chunk_size": 5,
@@ -284,7 +284,7 @@ async def test_merging_keeps_what_a_fold_of_the_deltas_gives() -> None:
     host = _Host(ManualClock())
     log = ChunkLog(host, 2, 3)  # type: ignore[arg-type]
     log.attempt = 2
-    chunks = [
+    chunks: list[ReasoningDelta | TextDelta | ToolCallDelta] = [
         ReasoningDelta("think "),
         ReasoningDelta("more"),
         TextDelta("say "),

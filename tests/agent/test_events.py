@@ -9,7 +9,7 @@ from tests.agent.support import agent_for, records
 
 
 async def test_events_from_since_seq_replays_then_follows_live(tmp_path: Path) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "first"},
         {"text": "second", "tool_calls": [{"name": "bash", "arguments": {"command": "echo out"}}]},
         {"text": "done"},

@@ -17,6 +17,7 @@ from andon.llm import Scripted
 from andon.session import SessionLog, fold_state, read
 from andon.supervisor import (
     Agent,
+    Allow,
     Deny,
     GiveUp,
     OnRequestError,
@@ -166,12 +167,12 @@ async def test_post_tool_runs_once_per_executed_call_and_never_for_one_that_neve
     seen: list[tuple[str, str | None]] = []
     agent_box: list[Agent] = []
 
-    async def pre(call: ToolCallInfo, *, signal: Any) -> Deny | None:
+    async def pre(call: ToolCallInfo, *, signal: Any) -> Allow | Deny:
         if call.call_id == "c1-1-2":
             return Deny("not this one")
         if call.call_id == "c1-1-3":
             agent_box[0].cancel(User())  # the rest of the step never runs
-        return None
+        return Allow()
 
     async def post(call: ToolCallInfo, result: ToolOutcome, *, signal: Any) -> None:
         seen.append((call.call_id, str(result.code) if result.code else None))
@@ -209,7 +210,7 @@ async def test_on_request_error_replaces_the_retry_decision(tmp_path: Path) -> N
         return Retry(0.0) if error.code.value == "BAD_REQUEST" else GiveUp()
 
     # BAD_REQUEST is final for the adapter's own policy; the hook retries it once, then gives up.
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"error": {"code": "BAD_REQUEST", "message": "first refusal"}},
         {"text": "second attempt answered"},
         {"error": {"code": "SERVER", "message": "down"}},

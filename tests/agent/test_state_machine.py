@@ -45,9 +45,10 @@ from andon.llm import (
     TextDelta,
     ToolCallDelta,
 )
-from andon.session import check, fold_state, read
+from andon.session import UserMessageEntered, check, fold_state, read
 from andon.supervisor import (
     Agent,
+    Allow,
     PostTool,
     PreStep,
     PreTool,
@@ -163,8 +164,9 @@ class AgentMachine(RuleBasedStateMachine):
 
         return Enter(messages)
 
-    async def _pre_tool(self, call: Any, *, signal: Any) -> None:
+    async def _pre_tool(self, call: Any, *, signal: Any) -> Allow:
         self._raise_if("pre_tool")
+        return Allow()
 
     async def _post_tool(self, call: Any, result: Any, *, signal: Any) -> None:
         self._raise_if("post_tool")
@@ -283,11 +285,7 @@ class AgentMachine(RuleBasedStateMachine):
             self.run(self._close())
         records = read(self.folder)
         assert check(records) == []
-        entered = {
-            r.data.message.id
-            for r in records
-            if r.type == "user/message"  # type: ignore[union-attr]
-        }
+        entered = {r.data.message.id for r in records if isinstance(r.data, UserMessageEntered)}
         pending = {m.id for m in fold_state(records).next_turn}
         canceled: set[str] = set()
         claimed_by: dict[str, int] = {}  # message id -> the turn that claimed it

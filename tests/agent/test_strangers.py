@@ -16,8 +16,8 @@ from andon.base import GracePolicy, User
 from andon.llm import Scripted
 from andon.supervisor import WorkerPool, WorkerPoolConfig
 from tests.agent.support import Watcher, records, turn_ends
-from tests.agent.support import test_registry as make_registry
 from tests.support import fifo_in, gated, open_gate, session_leftovers
+from tests.workers.pytools import registry as make_registry
 from tests.workers.support import MODES
 
 

@@ -70,7 +70,7 @@ async def test_three_followups_in_one_tick_are_three_turns(tmp_path: Path) -> No
 
 
 async def test_steer_enters_the_next_step_of_the_same_turn(tmp_path: Path) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "working", "tool_calls": [{"name": "cooperative", "arguments": {"seconds": 0.3}}]},
         {"text": "done with the steer"},
     ]
@@ -173,7 +173,11 @@ async def test_idle_cancel_clears_queued_context_and_arms_nothing(tmp_path: Path
 async def test_keep_inbox_cancel_parks_followups_until_the_next_waking_send(
     tmp_path: Path,
 ) -> None:
-    replies = [{"text": "a", "stall_after_chunks": 1}, {"text": "parked ran"}, {"text": "latest"}]
+    replies: list[dict[str, Any]] = [
+        {"text": "a", "stall_after_chunks": 1},
+        {"text": "parked ran"},
+        {"text": "latest"},
+    ]
     async with agent_for(tmp_path, replies) as agent:
         watcher = Watcher(agent)
         agent.followup("first")
@@ -204,7 +208,7 @@ async def test_sends_after_dispose_raise_agent_closed(tmp_path: Path) -> None:
 
 
 async def test_max_tokens_is_sticky_and_length_tool_calls_never_run(tmp_path: Path) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {
             "text": "cut off",
             "finish": "length",
@@ -257,7 +261,7 @@ async def test_denied_and_invalid_calls_are_results_and_the_turn_goes_on(tmp_pat
     async def policy(call: Any, *, signal: object) -> Allow | Deny:
         return Deny("no network") if "curl" in call.arguments else Allow()
 
-    replies = [
+    replies: list[dict[str, Any]] = [
         {
             "tool_calls": [
                 {"name": "bash", "arguments": {"command": "curl example.com"}},

@@ -13,6 +13,7 @@ def test_every_error_is_an_andon_error() -> None:
 
 def test_tree_shape_matches_the_architecture() -> None:
     assert issubclass(errors.WorkerLost, errors.WorkerError)
+    leaf: type[errors.AndonError]
     for leaf in (
         errors.LogCorrupted,
         errors.LogFormatUnsupported,

@@ -26,8 +26,8 @@ LONG = "echo STAR\\TED; for i in $(seq 1 600); do echo step $i; sleep 0.1; done"
 TIMEOUT = 20
 
 
-def spawn(tmp_path: Path, model: str, *extra: str) -> pexpect.spawn:
-    child = pexpect.spawn(
+def spawn(tmp_path: Path, model: str, *extra: str) -> pexpect.spawn[str]:
+    child: pexpect.spawn[str] = pexpect.spawn(
         PYTHON,
         [
             *("-m", "andon.cli", "chat", "--model", model, "--session", str(tmp_path / "s")),
@@ -60,22 +60,29 @@ class _Capture:
         return "".join(self.parts)
 
 
+def printed(child: pexpect.spawn[str]) -> str:
+    """What ``child`` printed so far (its logfile_read is a :class:`_Capture`)."""
+    capture = child.logfile_read
+    assert isinstance(capture, _Capture)
+    return capture.text()
+
+
 @pytest.fixture
-def children() -> Iterator[list[pexpect.spawn]]:
+def children() -> Iterator[list[pexpect.spawn[str]]]:
     """Chats are closed (SIGKILL to their process, their workers follow) if a test fails."""
-    started: list[pexpect.spawn] = []
+    started: list[pexpect.spawn[str]] = []
     yield started
     for child in started:
         if child.isalive():
             child.close(force=True)
 
 
-def quit_chat(child: pexpect.spawn) -> str:
+def quit_chat(child: pexpect.spawn[str]) -> str:
     child.sendcontrol("d")
     child.expect(pexpect.EOF)
     child.close()
-    assert child.exitstatus == 0, screen(child.logfile_read.text())
-    return screen(child.logfile_read.text())
+    assert child.exitstatus == 0, screen(printed(child))
+    return screen(printed(child))
 
 
 def two_turns(tmp_path: Path, command: str = LONG) -> str:
@@ -102,7 +109,7 @@ def user_messages(session: Path) -> list[tuple[int, str]]:
 
 
 def test_typing_while_the_agent_works_queues_a_followup_that_runs_next(
-    tmp_path: Path, children: list[pexpect.spawn]
+    tmp_path: Path, children: list[pexpect.spawn[str]]
 ) -> None:
     model = two_turns(tmp_path, "echo compiling; sleep 1.5; echo compiled")
     child = spawn(tmp_path, model)
@@ -121,7 +128,7 @@ def test_typing_while_the_agent_works_queues_a_followup_that_runs_next(
 
 
 def test_ctrl_c_cancels_the_turn_and_the_prompt_comes_back(
-    tmp_path: Path, children: list[pexpect.spawn]
+    tmp_path: Path, children: list[pexpect.spawn[str]]
 ) -> None:
     child = spawn(tmp_path, two_turns(tmp_path))
     children.append(child)
@@ -139,7 +146,7 @@ def test_ctrl_c_cancels_the_turn_and_the_prompt_comes_back(
     assert_balanced(tmp_path / "s")
 
 
-def test_cancel_keep_keeps_the_queue(tmp_path: Path, children: list[pexpect.spawn]) -> None:
+def test_cancel_keep_keeps_the_queue(tmp_path: Path, children: list[pexpect.spawn[str]]) -> None:
     child = spawn(tmp_path, two_turns(tmp_path))
     children.append(child)
     child.send("build it\r")
@@ -162,7 +169,7 @@ def test_cancel_keep_keeps_the_queue(tmp_path: Path, children: list[pexpect.spaw
 
 
 def test_quitting_discards_a_kept_queue_on_record(
-    tmp_path: Path, children: list[pexpect.spawn]
+    tmp_path: Path, children: list[pexpect.spawn[str]]
 ) -> None:
     # /cancel keep parks the queue for this chat; quitting disposes the agent, and disposal is
     # cancel(Disposed()), which clears the inbox durably: a later chat never runs it unasked.
@@ -188,11 +195,11 @@ def test_quitting_discards_a_kept_queue_on_record(
     again.expect("A new answer.")
     again.expect("turn 2 ended: completed")
     quit_chat(again)
-    assert "parked" not in screen(again.logfile_read.text())
+    assert "parked" not in screen(printed(again))
     assert user_messages(tmp_path / "s") == [(1, "build it"), (2, "something new")]
 
 
-def test_plain_cancel_drops_the_queue(tmp_path: Path, children: list[pexpect.spawn]) -> None:
+def test_plain_cancel_drops_the_queue(tmp_path: Path, children: list[pexpect.spawn[str]]) -> None:
     child = spawn(tmp_path, two_turns(tmp_path))
     children.append(child)
     child.send("build it\r")
@@ -212,7 +219,7 @@ def test_plain_cancel_drops_the_queue(tmp_path: Path, children: list[pexpect.spa
     assert len(canceled) == 1
 
 
-def test_steer_enters_the_running_turn(tmp_path: Path, children: list[pexpect.spawn]) -> None:
+def test_steer_enters_the_running_turn(tmp_path: Path, children: list[pexpect.spawn[str]]) -> None:
     child = spawn(tmp_path, two_turns(tmp_path, "echo compiling; sleep 1; echo compiled"))
     children.append(child)
     child.send("build it\r")
@@ -235,7 +242,7 @@ def test_steer_enters_the_running_turn(tmp_path: Path, children: list[pexpect.sp
     ]
 
 
-def test_escape_cancels_the_turn(tmp_path: Path, children: list[pexpect.spawn]) -> None:
+def test_escape_cancels_the_turn(tmp_path: Path, children: list[pexpect.spawn[str]]) -> None:
     child = spawn(tmp_path, two_turns(tmp_path))
     children.append(child)
     child.send("build it\r")
@@ -247,7 +254,7 @@ def test_escape_cancels_the_turn(tmp_path: Path, children: list[pexpect.spawn]) 
 
 
 def test_ctrl_d_while_a_tool_runs_quits_and_leaves_no_process(
-    tmp_path: Path, children: list[pexpect.spawn]
+    tmp_path: Path, children: list[pexpect.spawn[str]]
 ) -> None:
     child = spawn(tmp_path, two_turns(tmp_path))
     children.append(child)
@@ -260,7 +267,7 @@ def test_ctrl_d_while_a_tool_runs_quits_and_leaves_no_process(
 
 
 def test_the_screen_shows_the_stopping_status_while_a_stubborn_tool_drains(
-    tmp_path: Path, children: list[pexpect.spawn]
+    tmp_path: Path, children: list[pexpect.spawn[str]]
 ) -> None:
     child = spawn(tmp_path, two_turns(tmp_path, STUBBORN), "--grace", "0.5,1")
     children.append(child)
@@ -277,7 +284,7 @@ def test_the_screen_shows_the_stopping_status_while_a_stubborn_tool_drains(
     assert_balanced(tmp_path / "s")
 
 
-def test_a_second_ctrl_c_kills_now(tmp_path: Path, children: list[pexpect.spawn]) -> None:
+def test_a_second_ctrl_c_kills_now(tmp_path: Path, children: list[pexpect.spawn[str]]) -> None:
     child = spawn(tmp_path, two_turns(tmp_path, STUBBORN), "--grace", "30,30")
     children.append(child)
     child.send("build it\r")
@@ -291,14 +298,14 @@ def test_a_second_ctrl_c_kills_now(tmp_path: Path, children: list[pexpect.spawn]
 
 
 def test_tool_output_control_sequences_are_stripped(
-    tmp_path: Path, children: list[pexpect.spawn]
+    tmp_path: Path, children: list[pexpect.spawn[str]]
 ) -> None:
     command = r"printf '\033]0;pwned\007\033[31mred\033[0m\n50%%\r100%%\n\033[2Jdone\n'"
     child = spawn(tmp_path, two_turns(tmp_path, command))
     children.append(child)
     child.send("go\r")
     child.expect("turn 1 ended: completed")
-    raw = child.logfile_read.text()
+    raw = printed(child)
     quit_chat(child)
     assert "\x1b]0;pwned" not in raw
     assert "\x1b[31mred" not in raw and "\x1b[2J" not in raw
@@ -307,11 +314,11 @@ def test_tool_output_control_sequences_are_stripped(
 
 
 def test_andon_run_in_a_terminal_uses_the_rich_view(
-    tmp_path: Path, children: list[pexpect.spawn]
+    tmp_path: Path, children: list[pexpect.spawn[str]]
 ) -> None:
     andon = str(Path(sys.executable).parent / "andon")
     model = two_turns(tmp_path)
-    child = pexpect.spawn(
+    child: pexpect.spawn[str] = pexpect.spawn(
         andon,
         ["run", "--model", model, "--session", str(tmp_path / "s"), "--workers", "1", "build"],
         cwd=str(tmp_path),
@@ -327,7 +334,7 @@ def test_andon_run_in_a_terminal_uses_the_rich_view(
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 130
-    shown = screen(child.logfile_read.text())
+    shown = screen(printed(child))
     assert "stopping (SIGINT): canceling 1 tool call" in shown, shown
     assert "◀ c1-1-1 [stopped: aborted by user" in shown
     assert "1 turn, 1 tool call" in shown and "exit 130" in shown
@@ -419,7 +426,7 @@ def capture_for_docs(tmp_path: Path) -> str:  # pragma: no cover - run by hand f
     child.expect(r"SIGTERM sent to \d+ processes, SIGKILL in 1 s")
     # sleep-ok: a docs capture, not a test: let the live countdown run a few redraws
     child.expect(pexpect.TIMEOUT, timeout=0.4)
-    draining = screen(child.logfile_read.text()).splitlines()[-8:]
+    draining = screen(printed(child)).splitlines()[-8:]
     child.expect(r"turn 1 ended \[stopped\]")
     child.send("what happened?\r")
     child.expect("turn 2 ended")

@@ -201,7 +201,7 @@ def test_turn_budget_exits_5(tmp_path: Path) -> None:
 async def test_resume_after_sigkill_repairs_and_continues(
     tmp_path: Path, killer: list[Any]
 ) -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "Building.", "tool_calls": [{"name": "bash", "arguments": {"command": LONG}}]},
         {"text": "Picking up after the crash."},
     ]

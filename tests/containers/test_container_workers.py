@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +235,7 @@ def _stderr_of(driver: subprocess.Popen[bytes]) -> str:
     return driver.stderr.read().decode(errors="replace")[-2000:]
 
 
-def _wait_for(predicate: Any, timeout: float) -> bool:
+def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
     """Poll the engine (it offers no event this test can wait on portably) until ``predicate``
     holds, for up to ``timeout`` seconds."""
     import time

@@ -120,6 +120,7 @@ async def test_a_pod_deleted_under_a_call_is_worker_lost_and_nothing_is_left() -
             if isinstance(p, kubernetes.client.V1Pod)
         ]
         api = kubernetes.client.CoreV1Api()
+        assert pod.metadata is not None and pod.metadata.name is not None  # a listed Pod has both
         await asyncio.to_thread(
             api.delete_namespaced_pod, pod.metadata.name, NAMESPACE, grace_period_seconds=0
         )

@@ -104,7 +104,10 @@ async def test_the_decider_retries_a_code_the_policy_would_not_after_its_own_del
 ) -> None:
     clock = ManualClock()
     decider = Decider(lambda error, attempt: 7.5)
-    replies = [{"error": {"status": 400, "message": "try again"}}, {"text": "fixed"}]
+    replies: list[dict[str, Any]] = [
+        {"error": {"status": 400, "message": "try again"}},
+        {"text": "fixed"},
+    ]
     async with model_for(kind, replies, clock) as fx:
         run = Run(fx.model, decider)
         await decider.asked.wait()
@@ -127,7 +130,10 @@ async def test_the_decider_retries_a_code_the_policy_would_not_after_its_own_del
 async def test_the_decider_gives_up_on_a_retryable_code_at_the_first_attempt(kind: str) -> None:
     clock = ManualClock()
     decider = Decider(lambda error, attempt: None)
-    replies = [{"error": {"status": 500, "message": "upstream down"}}, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [
+        {"error": {"status": 500, "message": "upstream down"}},
+        {"text": "unused"},
+    ]
     async with model_for(kind, replies, clock) as fx:
         error = await Run(fx.model, decider).error()
         assert fx.sent() == 1
@@ -181,7 +187,10 @@ async def test_the_decider_is_never_asked_once_data_has_streamed(reply: dict[str
 async def test_an_abort_is_never_offered_to_the_decider(kind: str) -> None:
     clock = ManualClock()
     decider = Decider(lambda error, attempt: 0.0)
-    replies = [{"text": "partial", "chunk_size": 4, "stall_after_chunks": 1}, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [
+        {"text": "partial", "chunk_size": 4, "stall_after_chunks": 1},
+        {"text": "unused"},
+    ]
     async with model_for(kind, replies, clock) as fx:
         run = Run(fx.model, decider)
         await run.streaming.wait()  # the stall follows the first chunk
@@ -196,7 +205,7 @@ async def test_an_abort_is_never_offered_to_the_decider(kind: str) -> None:
 async def test_an_invalid_delay_is_a_clear_error(kind: str, delay: object) -> None:
     clock = ManualClock()
     decider = Decider(lambda error, attempt: delay)
-    replies = [{"error": {"status": 429}}, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [{"error": {"status": 429}}, {"text": "unused"}]
     async with model_for(kind, replies, clock) as fx:
         run = Run(fx.model, decider)
         error = await run.error()
@@ -215,7 +224,7 @@ async def test_an_invalid_delay_is_a_clear_error(kind: str, delay: object) -> No
 async def test_an_abort_during_the_deciders_delay_raises_at_once(kind: str) -> None:
     clock = ManualClock()
     decider = Decider(lambda error, attempt: 3600.0)
-    replies = [{"error": {"status": 400}}, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [{"error": {"status": 400}}, {"text": "unused"}]
     async with model_for(kind, replies, clock) as fx:
         run = Run(fx.model, decider)
         await decider.asked.wait()
@@ -233,7 +242,7 @@ async def test_an_abort_during_the_deciders_delay_raises_at_once(kind: str) -> N
 @pytest.mark.parametrize("kind", KINDS)
 async def test_without_a_decider_the_policy_still_decides(kind: str) -> None:
     clock = ManualClock()
-    replies = [{"error": {"status": 400}}, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [{"error": {"status": 400}}, {"text": "unused"}]
     async with model_for(kind, replies, clock) as fx:
         error = await Run(fx.model, None).error()
         assert fx.sent() == 1

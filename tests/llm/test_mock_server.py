@@ -87,7 +87,7 @@ def test_server_only_finish_reasons_and_keepalives() -> None:
 
 
 def test_error_replies_are_http_errors_with_retry_after_and_an_openai_body() -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"error": {"status": 429, "retry_after": 2, "message": "slow down"}},
         {"error": {"status": 503, "retry_after": 0.25}},
     ]
@@ -102,7 +102,7 @@ def test_error_replies_are_http_errors_with_retry_after_and_an_openai_body() -> 
 
 
 def test_stream_faults_on_the_wire() -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "abcd", "chunk_size": 1, "truncate_after_chunks": 2},
         {"text": "abcd", "chunk_size": 1, "malformed_after_chunks": 1},
         {"text": "abcd", "chunk_size": 2, "error_event": {"after_chunks": 1, "code": 500}},
@@ -137,7 +137,10 @@ def test_requests_that_cannot_be_answered() -> None:
 
 
 def test_a_request_after_a_stall_is_still_served_and_waits_see_closes() -> None:
-    replies = [{"text": "abc", "chunk_size": 1, "stall_after_chunks": 1}, {"text": "next"}]
+    replies: list[dict[str, Any]] = [
+        {"text": "abc", "chunk_size": 1, "stall_after_chunks": 1},
+        {"text": "next"},
+    ]
     with MockModelServer(replies) as server:
         with (
             httpx.Client(timeout=5.0) as client,
@@ -280,7 +283,7 @@ def test_main_strict_reasoning_flag(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    missing = [
+    missing: list[dict[str, Any]] = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
         {"role": "tool", "tool_call_id": "c1", "content": "ok"},

@@ -318,7 +318,7 @@ async def test_keepalive_comments_are_ignored() -> None:
 
 
 async def test_keepalives_after_data_do_not_rearm_the_idle_timeout() -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "abcdef", "chunk_size": 2, "stall_after_chunks": 1, "keepalive_interval": 0.01},
         {"text": "unused"},
     ]
@@ -335,7 +335,10 @@ async def test_keepalives_after_data_do_not_rearm_the_idle_timeout() -> None:
 
 
 async def test_first_content_timeout_with_only_keepalives_is_retried() -> None:
-    replies = [{"stall_after_chunks": 0, "keepalive_interval": 0.01}, {"text": "ok"}]
+    replies: list[dict[str, Any]] = [
+        {"stall_after_chunks": 0, "keepalive_interval": 0.01},
+        {"text": "ok"},
+    ]
     attempts = Attempts()
     chunks, server = await serve(replies, attempts, first_content_timeout=0.2)
     assert chunks == [TextDelta("ok"), Finish("stop")]
@@ -347,7 +350,7 @@ async def test_first_content_timeout_with_only_keepalives_is_retried() -> None:
 
 async def test_total_timeout_ends_a_slow_stream() -> None:
     reply = {"text": "x" * 200, "chunk_size": 1, "chunk_delay": 0.01}
-    replies = [reply, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [reply, {"text": "unused"}]
     async with MockModelServer(replies) as server, adapter(server, total_timeout=0.2) as model:
         error = await failure(model)
     assert error.code == ErrorCode.TIMEOUT
@@ -407,7 +410,7 @@ class PacedServer:
 
 async def test_the_watchdog_is_a_timer_on_the_clock_not_a_task() -> None:
     clock = ManualClock()
-    replies = [{"stall_after_chunks": 0}, {"text": "ok"}]
+    replies: list[dict[str, Any]] = [{"stall_after_chunks": 0}, {"text": "ok"}]
     no_wait = RetryPolicy(base_delay=0.0, max_delay=0.0)  # the retry needs no clock time
     options = {"clock": clock, "first_content_timeout": 5.0, "retry_policy": no_wait}
     async with MockModelServer(replies) as server, adapter(server, **options) as model:
@@ -441,7 +444,8 @@ async def test_the_idle_watchdog_waits_again_when_data_moved_its_deadline() -> N
         await consumer.wait_for_chunks(2)  # data at t=6: the deadline moved to t=16
         clock.advance(4.0)  # the timer set for t=10 fires and finds the deadline later ...
         await clock.wait_for_sleepers(1)  # ... so it waits again instead of timing out
-        assert consumer.error is None and not consumer.task.done()
+        # Compared as a pair, not narrowed: the task sets consumer.error later in this test.
+        assert (consumer.error, consumer.task.done()) == (None, False)
         clock.advance(5.0)
         assert clock.sleepers == 1 and not consumer.task.done()
         clock.advance(1.0)
@@ -457,7 +461,7 @@ async def test_the_idle_watchdog_waits_again_when_data_moved_its_deadline() -> N
 
 
 async def test_error_payload_mid_stream_maps_its_code_and_is_not_retried() -> None:
-    replies = [
+    replies: list[dict[str, Any]] = [
         {
             "text": "Hello there",
             "chunk_size": 5,
@@ -488,7 +492,10 @@ async def test_unknown_error_payload_is_a_server_error_and_never_content() -> No
 
 
 async def test_error_payload_before_any_output_is_retried_when_its_code_is() -> None:
-    replies = [{"error_event": {"message": "busy", "type": "overloaded_error"}}, {"text": "ok"}]
+    replies: list[dict[str, Any]] = [
+        {"error_event": {"message": "busy", "type": "overloaded_error"}},
+        {"text": "ok"},
+    ]
     attempts = Attempts()
     chunks, _ = await serve(replies, attempts)
     assert chunks == [TextDelta("ok"), Finish("stop")]
@@ -496,7 +503,10 @@ async def test_error_payload_before_any_output_is_retried_when_its_code_is() -> 
 
 
 async def test_eof_without_finish_is_stream_truncated() -> None:
-    replies = [{"text": "abcdef", "chunk_size": 2, "truncate_after_chunks": 2}, {"text": "x"}]
+    replies: list[dict[str, Any]] = [
+        {"text": "abcdef", "chunk_size": 2, "truncate_after_chunks": 2},
+        {"text": "x"},
+    ]
     async with MockModelServer(replies) as server, adapter(server) as model:
         consumer = Consumer(model)
         await consumer.task
@@ -515,7 +525,10 @@ async def test_done_without_finish_is_stream_truncated() -> None:
 
 
 async def test_bad_json_is_malformed_stream() -> None:
-    replies = [{"text": "abcdef", "chunk_size": 2, "malformed_after_chunks": 1}, {"text": "x"}]
+    replies: list[dict[str, Any]] = [
+        {"text": "abcdef", "chunk_size": 2, "malformed_after_chunks": 1},
+        {"text": "x"},
+    ]
     async with MockModelServer(replies) as server, adapter(server) as model:
         consumer = Consumer(model)
         await consumer.task
@@ -539,7 +552,10 @@ async def test_tool_call_without_a_name_is_malformed_stream() -> None:
 
 
 async def test_429_with_retry_after_is_retried_then_succeeds() -> None:
-    replies = [{"error": {"status": 429, "retry_after": 0.05}}, {"text": "ok"}]
+    replies: list[dict[str, Any]] = [
+        {"error": {"status": 429, "retry_after": 0.05}},
+        {"text": "ok"},
+    ]
     attempts = Attempts()
     chunks, server = await serve(replies, attempts)
     assert chunks == [TextDelta("ok"), Finish("stop")]
@@ -577,7 +593,10 @@ async def test_client_errors_are_not_retried_and_say_what_to_do(
 ) -> None:
     monkeypatch.setenv("ANDON_TEST_MODEL_KEY", "k-123")
     message = "messages[3] must have a tool_call_id"
-    replies = [{"error": {"status": status, "message": message}}, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [
+        {"error": {"status": status, "message": message}},
+        {"text": "unused"},
+    ]
     async with MockModelServer(replies) as server:
         async with adapter(server, api_key_env="ANDON_TEST_MODEL_KEY") as model:
             attempts = Attempts()
@@ -636,7 +655,10 @@ async def test_dropped_connection_before_the_answer_is_retried() -> None:
 
 
 async def test_connections_are_reused_across_requests() -> None:
-    replies = [{"text": "one", "usage": USAGE}, {"text": "two", "usage_chunk": "separate"}] * 2
+    replies: list[dict[str, Any]] = [
+        {"text": "one", "usage": USAGE},
+        {"text": "two", "usage_chunk": "separate"},
+    ] * 2
     async with MockModelServer(replies) as server, adapter(server) as model:
         for _ in range(4):
             assert (await collect(model))[-1] == Finish("stop")
@@ -674,7 +696,10 @@ async def test_abort_while_waiting_for_headers() -> None:
 
 async def test_abort_during_backoff() -> None:
     clock = TimerWatch()
-    replies = [{"error": {"status": 429, "retry_after": 30}}, {"text": "unused"}]
+    replies: list[dict[str, Any]] = [
+        {"error": {"status": 429, "retry_after": 30}},
+        {"text": "unused"},
+    ]
     async with MockModelServer(replies) as server, adapter(server, clock=clock) as model:
         consumer = Consumer(model)
         await clock.wait_for_timer(30)
@@ -830,7 +855,7 @@ async def test_the_api_key_appears_only_in_the_authorization_header(
 ) -> None:
     monkeypatch.setenv("ANDON_TEST_SECRET_KEY", SECRET)
     caplog.set_level(logging.DEBUG)
-    replies = [
+    replies: list[dict[str, Any]] = [
         {"text": "ok"},
         {"error": {"status": 429, "retry_after": 0, "message": f"slow down, {SECRET}"}},
         {"error": {"status": 401, "message": f"Incorrect API key provided: {SECRET}"}},

@@ -67,7 +67,7 @@ def _v32_rule(messages: Sequence[dict[str, Any]]) -> list[bool]:
 def sent_reasoning(messages: Sequence[dict[str, Any]], **options: Any) -> list[str | None]:
     options.setdefault("provider", "deepseek")
     options.setdefault("thinking", True)
-    body = build_request_body(ModelRequest(messages=messages), model="m", **options)
+    body = build_request_body(ModelRequest(messages=tuple(messages)), model="m", **options)
     return [m.get("reasoning_content") for m in body["messages"]]
 
 
@@ -197,7 +197,7 @@ class Conversation:
         async def on_attempt(n: int, error: ModelError | None, delay: float | None) -> None:
             self.attempts += 1
 
-        request = ModelRequest(messages=self.messages)
+        request = ModelRequest(messages=tuple(self.messages))
         chunks = [c async for c in self.model.stream(request, AbortController().signal, on_attempt)]
         message = _assistant_message(chunks)
         self.messages.append(message)
@@ -399,7 +399,10 @@ DEEPSEEK_400 = "The `reasoning_content` in the thinking mode must be passed back
 
 
 async def rejection(provider: str, message: str = DEEPSEEK_400) -> tuple[ModelError, int, str]:
-    replies = [{"error": {"status": 400, "message": message}}, {"text": "never reached"}]
+    replies: list[dict[str, Any]] = [
+        {"error": {"status": 400, "message": message}},
+        {"text": "never reached"},
+    ]
     async with MockModelServer(replies) as server:
         thinking = True if provider == "deepseek" else None
         model = OpenAICompatible(

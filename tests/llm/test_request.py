@@ -196,11 +196,11 @@ def test_reasoning_goes_back_iff_the_span_of_the_message_called_tools(
     messages: list[dict[str, Any]],
 ) -> None:
     body = build_request_body(
-        ModelRequest(messages=messages), model="m", provider="deepseek", thinking=True
+        ModelRequest(messages=tuple(messages)), model="m", provider="deepseek", thinking=True
     )
     needed = reasoning_needed(messages)
     other = build_request_body(
-        ModelRequest(messages=messages), model="m", provider="vllm", thinking=None
+        ModelRequest(messages=tuple(messages)), model="m", provider="vllm", thinking=None
     )
     for index, (sent, original) in enumerate(zip(body["messages"], messages, strict=True)):
         # Find this message's span and whether any assistant in it called tools.

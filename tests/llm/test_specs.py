@@ -239,11 +239,16 @@ def test_deepseek_at_a_custom_url(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     body = model.request_body(tools_span)
     assert body["thinking"] == {"type": "enabled"}
-    assert body["messages"][1]["reasoning_content"] == ""  # the reasoning rule applies
+    sent = body["messages"]
+    assert isinstance(sent, list)
+    assert sent[1]["reasoning_content"] == ""  # the reasoning rule applies
     off = from_spec(spec, thinking=False)
     assert isinstance(off, OpenAICompatible)
-    assert off.request_body(tools_span)["thinking"] == {"type": "disabled"}
-    assert "reasoning_content" not in off.request_body(tools_span)["messages"][1]
+    off_body = off.request_body(tools_span)
+    assert off_body["thinking"] == {"type": "disabled"}
+    off_sent = off_body["messages"]
+    assert isinstance(off_sent, list)
+    assert "reasoning_content" not in off_sent[1]
     monkeypatch.setenv("ANDON_API_KEY", "proxy-key")
     keyed = from_spec("deepseek+https://llm.example.org/deepseek#deepseek-v4-pro")
     assert isinstance(keyed, OpenAICompatible)

@@ -10,13 +10,13 @@ from andon.workers import tool
 __all__ = ["coop_wait", "noop"]
 
 
-@tool(parallel_safe=True)  # type: ignore[untyped-decorator]
+@tool(parallel_safe=True)
 def noop() -> str:
     """Returns at once: the dispatch floor."""
     return ""
 
 
-@tool(parallel_safe=True)  # type: ignore[untyped-decorator]
+@tool(parallel_safe=True)
 async def coop_wait(seconds: float, *, signal: AbortSignal) -> str:
     """Waits up to ``seconds``, but returns as soon as its signal aborts (a cooperative tool)."""
     try:

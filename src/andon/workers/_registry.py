@@ -12,7 +12,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from andon.base import GracePolicy
 
@@ -73,6 +73,30 @@ class ArgumentError(ValueError):
         self.field = field
 
 
+@overload
+def tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    parallel_safe: bool = False,
+    timeout: float | None = None,
+    grace: GracePolicy | None = None,
+    description: str | None = None,
+) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None,
+    *,
+    name: str | None = None,
+    parallel_safe: bool = False,
+    timeout: float | None = None,
+    grace: GracePolicy | None = None,
+    description: str | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(
     fn: Callable[..., Any] | None = None,
     *,
@@ -81,7 +105,7 @@ def tool(
     timeout: float | None = None,
     grace: GracePolicy | None = None,
     description: str | None = None,
-) -> Any:
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a Python tool; its JSON schema comes from the type hints.
 
     ``@andon.tool`` or ``@andon.tool(name=..., parallel_safe=..., timeout=..., grace=...)``. The
