@@ -25,11 +25,14 @@ from zmq.utils.monitor import parse_monitor_message
 from andon.base import ConfigError
 from andon.protocol import (
     CurveKeys,
+    Heartbeat,
     ZapAllowList,
     curve_client,
     curve_server,
     load_keys,
     load_public_keys,
+    recv_routed,
+    send_message,
     write_keys,
 )
 
@@ -122,6 +125,17 @@ async def test_an_allowed_client_talks_both_ways() -> None:
         await server.router.send_multipart([identity.bytes, b"welcome"])
         assert await within(dealer.recv()) == b"welcome"
         assert server.zap.refused == 0
+
+
+async def test_a_routed_receive_reads_the_key_the_handshake_proved() -> None:
+    # What the pool checks a worker's identity against (one worker never speaks as another).
+    worker = CurveKeys.generate()
+    async with curve_server_with([worker.public]) as server:
+        dealer = server.client(worker)
+        await send_message(dealer, Heartbeat(time=1.0))
+        routed = await within(recv_routed(server.router, read_user_id=True))
+        assert routed.message == Heartbeat(time=1.0)
+        assert routed.user_id == worker.public.decode()
 
 
 async def test_a_key_not_on_the_list_is_refused() -> None:

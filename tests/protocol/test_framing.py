@@ -132,7 +132,7 @@ async def test_dealer_router_exchange(endpoint: str) -> None:
     async with async_pair(endpoint) as (router, dealer):
         # The worker speaks first: the ROUTER learns its identity from the hello.
         await send_message(dealer, HELLO)
-        identity, hello = await recv_routed(router)
+        identity, hello, _ = await recv_routed(router)
         assert (identity, hello) == (WORKER, HELLO)
 
         await send_routed(
@@ -155,7 +155,7 @@ async def test_dealer_router_exchange(endpoint: str) -> None:
 async def test_garbage_on_the_router_keeps_the_sender_identity(endpoint: str) -> None:
     async with async_pair(endpoint) as (router, dealer):
         await dealer.send_multipart([b"garbage"])
-        identity, error = await recv_routed(router)
+        identity, error, _ = await recv_routed(router)
         assert identity == WORKER
         assert isinstance(error, MalformedFrame)
 
@@ -167,7 +167,7 @@ async def test_garbage_on_the_router_keeps_the_sender_identity(endpoint: str) ->
 
         # The socket is still usable: the next good message goes through.
         await send_message(dealer, RESULT)
-        assert await recv_routed(router) == (WORKER, RESULT)
+        assert await recv_routed(router) == (WORKER, RESULT, None)
 
 
 async def test_every_kind_of_bad_frame_on_the_router(endpoint: str) -> None:
@@ -183,16 +183,16 @@ async def test_every_kind_of_bad_frame_on_the_router(endpoint: str) -> None:
     async with async_pair(endpoint) as (router, dealer):
         for frames, expected, call_id in cases:
             await dealer.send_multipart(frames)
-            identity, error = await recv_routed(router)
+            identity, error, _ = await recv_routed(router)
             assert identity == WORKER
             assert isinstance(error, expected)
             assert error.call_id == call_id
         # The size limit applies to what the peer sent, not to the identity frame ZeroMQ added.
         size = len(head) + len(body)
         await send_message(dealer, RESULT)
-        assert await recv_routed(router, size) == (WORKER, RESULT)
+        assert await recv_routed(router, size) == (WORKER, RESULT, None)
         await send_message(dealer, RESULT)
-        identity, error = await recv_routed(router, size - 1)
+        identity, error, _ = await recv_routed(router, size - 1)
         assert identity == WORKER
         assert isinstance(error, MessageTooLarge)
 
@@ -200,7 +200,7 @@ async def test_every_kind_of_bad_frame_on_the_router(endpoint: str) -> None:
 async def test_garbage_to_the_dealer_raises_and_does_not_break_it(endpoint: str) -> None:
     async with async_pair(endpoint) as (router, dealer):
         await send_message(dealer, HELLO)
-        identity, _ = await recv_routed(router)
+        identity, _, _ = await recv_routed(router)
 
         await router.send_multipart([identity, b"\xc1", b"\xc1"])
         with pytest.raises(MalformedFrame):
@@ -221,20 +221,44 @@ async def test_send_refuses_an_oversized_message(endpoint: str) -> None:
 def test_sync_exchange(endpoint: str) -> None:
     with sync_pair(endpoint) as (router, dealer):
         send_message_sync(dealer, HELLO)
-        identity, hello = recv_routed_sync(router)
+        identity, hello, _ = recv_routed_sync(router)
         assert (identity, hello) == (WORKER, HELLO)
 
         send_routed_sync(router, identity, RUN)
         assert recv_message_sync(dealer) == RUN
 
         send_message_sync(dealer, RESULT)
-        assert recv_routed_sync(router) == (WORKER, RESULT)
+        assert recv_routed_sync(router) == (WORKER, RESULT, None)
 
         dealer.send_multipart([b"\x92", b"x"])
-        identity, error = recv_routed_sync(router)
+        identity, error, _ = recv_routed_sync(router)
         assert identity == WORKER
         assert isinstance(error, MalformedFrame)
 
         router.send_multipart([identity, b"not", b"msgpack\xc1"])
         with pytest.raises(MalformedFrame):
             recv_message_sync(dealer)
+
+
+async def test_a_router_sends_frames_already_encoded(endpoint: str) -> None:
+    # A caller that must know a message fits encodes it first, then sends those frames as they are.
+    async with async_pair(endpoint) as (router, dealer):
+        await send_message(dealer, HELLO)
+        identity, _, _ = await recv_routed(router)
+        await send_routed(router, identity, encode(RUN))
+        assert await recv_message(dealer) == RUN
+
+
+async def test_reading_the_user_id_without_zap_gives_none(endpoint: str) -> None:
+    # The copy=False receive that reads connection metadata decodes exactly what the plain one
+    # does; a connection with no ZAP handler simply has no user id.
+    async with async_pair(endpoint) as (router, dealer):
+        await send_message(dealer, RESULT)
+        assert await recv_routed(router, read_user_id=True) == (WORKER, RESULT, None)
+        await dealer.send_multipart([b"garbage"])
+        identity, error, user_id = await recv_routed(router, read_user_id=True)
+        assert (identity, user_id) == (WORKER, None)
+        assert isinstance(error, MalformedFrame)
+    with sync_pair(endpoint) as (router_sync, dealer_sync):
+        send_message_sync(dealer_sync, RESULT)
+        assert recv_routed_sync(router_sync, read_user_id=True) == (WORKER, RESULT, None)

@@ -8,6 +8,11 @@ A DEALER-side receive raises the :class:`ProtocolError` (the worker answers it w
 keeps going). A ROUTER-side receive never raises one: it returns the error *with the sender's
 identity*, because the supervisor must know which worker is broken to kill it (workers.md).
 
+Over CURVE a ROUTER must also know *which key* sent a message, so that one worker cannot speak
+under another's identity: ``recv_routed(..., read_user_id=True)`` returns the ZAP user id the
+handshake proved. ZeroMQ hands that metadata only on ``zmq.Frame`` objects, which is why that
+receive is ``copy=False`` (the frames are then copied out once, to the ``bytes`` the codec takes).
+
 Socket options (``ROUTER_MANDATORY``, linger, ``MAXMSGSIZE``) are the pool's business, not set here.
 Each helper comes as a coroutine (``zmq.asyncio`` sockets) and as a ``*_sync`` function (plain
 blocking sockets, for tests, tools and the benchmark floors).
@@ -15,6 +20,7 @@ blocking sockets, for tests, tools and the benchmark floors).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 import zmq
@@ -38,10 +44,15 @@ __all__ = [
 
 
 class Routed(NamedTuple):
-    """What a ROUTER received: the sender's identity and its message, or why it was refused."""
+    """What a ROUTER received: the sender's identity and its message, or why it was refused.
+
+    ``user_id`` is the key the sender's CURVE handshake proved (the ZAP user id), read only when
+    asked for (``read_user_id=True``); None otherwise, or when the connection has none.
+    """
 
     identity: bytes
     message: Message | ProtocolError
+    user_id: str | None = None
 
 
 # --- DEALER side (worker) ---------------------------------------------------------------------
@@ -76,41 +87,74 @@ def recv_message_sync(sock: zmq.Socket[Any], max_bytes: int = DEFAULT_MAX_BYTES)
 
 
 async def send_routed(
-    sock: zmq.asyncio.Socket, identity: bytes, msg: Message, *, max_bytes: int | None = None
+    sock: zmq.asyncio.Socket,
+    identity: bytes,
+    msg: Message | list[bytes],
+    *,
+    max_bytes: int | None = None,
 ) -> None:
     """Send ``msg`` to the peer ``identity`` on a ROUTER.
+
+    ``msg`` may be a message already encoded by :func:`encode` (then ``max_bytes`` is not
+    checked again): a caller that must know a message fits before it commits to sending it
+    encodes it first. An encoding failure raises before anything is sent.
 
     With ``ROUTER_MANDATORY`` set, a gone peer raises ``zmq.ZMQError`` (EHOSTUNREACH): the
     worker is lost. That is left to the caller, which knows what the worker was doing.
     """
-    await sock.send_multipart([identity, *encode(msg, max_bytes=max_bytes)])
+    await sock.send_multipart([identity, *_frames_of(msg, max_bytes)])
 
 
-async def recv_routed(sock: zmq.asyncio.Socket, max_bytes: int = DEFAULT_MAX_BYTES) -> Routed:
-    """Receive one message on a ROUTER: ``(identity, message or ProtocolError)``."""
-    frames = await sock.recv_multipart(copy=True)
-    return _split_routed(frames, max_bytes)
+async def recv_routed(
+    sock: zmq.asyncio.Socket, max_bytes: int = DEFAULT_MAX_BYTES, *, read_user_id: bool = False
+) -> Routed:
+    """Receive one message on a ROUTER: ``(identity, message or ProtocolError, user_id)``."""
+    if read_user_id:
+        return _split_frames(await sock.recv_multipart(copy=False), max_bytes)
+    return _split_routed(await sock.recv_multipart(copy=True), max_bytes)
 
 
 def send_routed_sync(
-    sock: zmq.Socket[Any], identity: bytes, msg: Message, *, max_bytes: int | None = None
+    sock: zmq.Socket[Any],
+    identity: bytes,
+    msg: Message | list[bytes],
+    *,
+    max_bytes: int | None = None,
 ) -> None:
     """Blocking :func:`send_routed`."""
-    sock.send_multipart([identity, *encode(msg, max_bytes=max_bytes)])
+    sock.send_multipart([identity, *_frames_of(msg, max_bytes)])
 
 
-def recv_routed_sync(sock: zmq.Socket[Any], max_bytes: int = DEFAULT_MAX_BYTES) -> Routed:
+def recv_routed_sync(
+    sock: zmq.Socket[Any], max_bytes: int = DEFAULT_MAX_BYTES, *, read_user_id: bool = False
+) -> Routed:
     """Blocking :func:`recv_routed`."""
-    frames = sock.recv_multipart(copy=True)
-    return _split_routed(frames, max_bytes)
+    if read_user_id:
+        return _split_frames(sock.recv_multipart(copy=False), max_bytes)
+    return _split_routed(sock.recv_multipart(copy=True), max_bytes)
 
 
-def _split_routed(frames: list[bytes], max_bytes: int) -> Routed:
+def _frames_of(msg: Message | list[bytes], max_bytes: int | None) -> list[bytes]:
+    return msg if isinstance(msg, list) else encode(msg, max_bytes=max_bytes)
+
+
+def _split_frames(raw: list[zmq.Frame], max_bytes: int) -> Routed:
+    # Every frame of a message carries the connection's metadata; the first one is read. A
+    # connection without ZAP has no User-Id, which ZeroMQ reports as an error (EINVAL).
+    user_id: object = None
+    if raw:
+        with contextlib.suppress(zmq.ZMQError):
+            user_id = raw[0].get("User-Id")
+    frames = [frame.bytes for frame in raw]
+    return _split_routed(frames, max_bytes, str(user_id) if user_id else None)
+
+
+def _split_routed(frames: list[bytes], max_bytes: int, user_id: str | None = None) -> Routed:
     if not frames:  # a ROUTER always prepends the identity; guard anyway, cheaply
-        return Routed(b"", MalformedFrame("a routed message without an identity frame"))
+        return Routed(b"", MalformedFrame("a routed message without an identity frame"), user_id)
     identity = frames[0]
     try:
         # The identity frame is ZeroMQ's, not the peer's: it does not count toward the limit.
-        return Routed(identity, decode(frames[1:], max_bytes))
+        return Routed(identity, decode(frames[1:], max_bytes), user_id)
     except ProtocolError as error:
-        return Routed(identity, error)
+        return Routed(identity, error, user_id)

@@ -59,9 +59,9 @@ from andon.protocol import (
     Welcome,
     ZapAllowList,
     curve_server,
-    decode,
-    encode,
     is_loopback,
+    recv_routed,
+    send_routed,
 )
 from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
@@ -208,7 +208,7 @@ class WorkerLease:
     async def send_frames(self, frames: list[bytes]) -> None:
         """Send a message already encoded (by :func:`andon.protocol.encode`); never raises for
         the transport, as :meth:`send`."""
-        await self._pool._send_frames(self._worker, frames)
+        await self._pool._send(self._worker, frames)
 
     def kill(self, reason: str) -> None:
         """Kill the worker and whatever its call started (broken means dead)."""
@@ -725,16 +725,16 @@ class WorkerPool:
 
     # -- wire ------------------------------------------------------------------------------
 
-    async def _send(self, worker: _Worker, msg: Message) -> None:
-        # Encoded first, so that a message that cannot be encoded raises with nothing sent.
-        await self._send_frames(worker, encode(msg, max_bytes=self.config.max_message_bytes))
-
-    async def _send_frames(self, worker: _Worker, frames: list[bytes]) -> None:
+    async def _send(self, worker: _Worker, msg: Message | list[bytes]) -> None:
+        """Send ``msg`` (or its frames, already encoded) to ``worker``. A message that cannot be
+        encoded raises with nothing sent; a transport failure writes the worker off instead."""
         sock = self._sock
         if sock is None or worker.dead:
             return
         try:
-            await sock.send_multipart([worker.worker_id.encode(), *frames])
+            await send_routed(
+                sock, worker.worker_id.encode(), msg, max_bytes=self.config.max_message_bytes
+            )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -750,23 +750,24 @@ class WorkerPool:
     async def _receive(self) -> None:
         assert self._sock is not None
         sock = self._sock
+        # Over CURVE, who sent a frame is checked against the key its handshake proved.
+        curve = self._zap is not None
+        limit = self.config.max_message_bytes
         try:
             while True:
-                if self._zap is None:
-                    frames = await sock.recv_multipart(copy=True)
-                else:
-                    raw = await sock.recv_multipart(copy=False)
-                    frames = [bytes(f.buffer) for f in raw]
-                    user_id = raw[0].get("User-Id")
-                    if not self._sent_by_its_key(frames[0], str(user_id) if user_id else None):
-                        continue
+                routed = await recv_routed(sock, limit, read_user_id=curve)
+                worker_id = routed.identity.decode("utf-8", "replace")
+                # Checked before anything is believed: a bad frame under another worker's name
+                # must not get that worker killed.
+                if curve and not self._sent_by_its_key(worker_id, routed.user_id):
+                    continue
                 try:
-                    self._on_frames(frames)
+                    self._on_message(worker_id, routed.message)
                 except Exception as e:
                     # A bug handling one message must not end the receiver (every call would
                     # wait forever): the worker it came from is written off, its call answered.
                     _log.exception("could not handle a worker's message")
-                    worker = self._workers.get(frames[0].decode("utf-8", "replace"))
+                    worker = self._workers.get(worker_id)
                     if worker is not None:
                         self._kill(worker, f"andon could not handle its message: {e!r}")
         except Exception as e:
@@ -774,12 +775,11 @@ class WorkerPool:
                 _log.exception("the worker pool's receiver failed")
                 self._fail(f"the worker pool failed: its receiver stopped ({e!r})")
 
-    def _sent_by_its_key(self, identity: bytes, user_id: str | None) -> bool:
+    def _sent_by_its_key(self, worker_id: str, user_id: str | None) -> bool:
         """Over CURVE, a worker speaks only under its own name: the key its handshake proved
         (the ZAP user id) must be the key the pool made for that worker id, or, for a worker
         started with keys of its own (``TcpListen.allowed``), one of those. An allowed key never
         lets one worker pass for another."""
-        worker_id = identity.decode("utf-8", "replace")
         expected = self._keys_of.get(worker_id)
         key = (user_id or "").encode("ascii", "replace")
         tcp = self.config.tcp
@@ -801,16 +801,11 @@ class WorkerPool:
         for worker in list(self._workers.values()):
             self._kill(worker, reason)
 
-    def _on_frames(self, frames: list[bytes]) -> None:
-        if len(frames) < 2:
-            return
-        identity = frames[0].decode("utf-8", "replace")
-        worker = self._workers.get(identity)
-        try:
-            msg = decode(frames[1:], self.config.max_message_bytes)
-        except ProtocolError as e:
+    def _on_message(self, worker_id: str, msg: Message | ProtocolError) -> None:
+        worker = self._workers.get(worker_id)
+        if isinstance(msg, ProtocolError):
             if worker is not None:
-                self._kill(worker, f"sent a bad frame: {e}")
+                self._kill(worker, f"sent a bad frame: {msg}")
             return
         if worker is None or worker.dead or worker.kill_reason is not None:
             # A stranger, or a worker already written off: once andon decided to kill a

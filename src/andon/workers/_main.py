@@ -48,8 +48,8 @@ from andon.protocol import (
     Started,
     Welcome,
     curve_client,
-    decode,
-    encode,
+    recv_message,
+    send_message,
 )
 from andon.workers._calls import CallContext, internal_error_result, kill_everything, run_call
 from andon.workers._containment import (
@@ -267,8 +267,9 @@ class Worker:
 
     async def send(self, msg: Message) -> None:
         assert self._sock is not None
-        await self._sock.send_multipart(encode(msg))
+        await send_message(self._sock, msg)
         if self.options.fault == "garbage-after-started" and isinstance(msg, Started):
+            # A test fault: frames that are no message at all, so framed by hand on purpose.
             await self._sock.send_multipart([b"\xc1 not msgpack", b"\x00"])
 
     async def _heartbeat(self) -> None:
@@ -334,14 +335,14 @@ class Worker:
     async def _receive(self, tg: asyncio.TaskGroup) -> None:
         assert self._sock is not None
         while True:
-            frames = await self._sock.recv_multipart(copy=True)
-            self._heard = time.monotonic()
             try:
-                msg = decode(frames, self.options.max_message_bytes)
+                msg = await recv_message(self._sock, self.options.max_message_bytes)
             except ProtocolError as e:
                 # A malformed frame sent *to* a worker gets an error reply; it never crashes it.
+                self._heard = time.monotonic()  # a bad frame still shows the supervisor is there
                 await self.send(ErrorReply(reason=str(e), call_id=e.call_id))
                 continue
+            self._heard = time.monotonic()
             match msg:
                 case Welcome():
                     self.heartbeat_interval = msg.heartbeat_interval or None
