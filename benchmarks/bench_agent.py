@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from andon._bench import main
+from andon.cli.bench import main
 
 if __name__ == "__main__":
     scenarios = ["--scenario", "stream", "--scenario", "stall", "--scenario", "tree"]

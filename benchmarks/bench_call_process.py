@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.workers.pytools import more_tools
 
-from andon._bench._dispatch import fork_and_wait
 from andon.base import AbortController
+from andon.cli.bench._dispatch import fork_and_wait
 from andon.supervisor import ToolCallRequest, ToolExecutor, WorkerPool, WorkerPoolConfig
 from andon.workers import detect_mode
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from andon._bench import main
+from andon.cli.bench import main
 
 if __name__ == "__main__":
     sys.exit(main(["recovery", *sys.argv[1:]]))

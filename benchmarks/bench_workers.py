@@ -31,8 +31,8 @@ import zmq
 import zmq.asyncio
 
 from _stats import summary, table
-from andon._bench import _floors
 from andon.base import AbortController, GracePolicy, User
+from andon.cli.bench import _floors
 from andon.supervisor import (
     ExecutionObserver,
     ToolCallRequest,

@@ -31,18 +31,7 @@ ALIASES = {
     "andon.errors": "base",
     "andon.tools": "workers",
     "andon.hooks": "supervisor",
-    "andon.cli": "cli",
-    "andon._cli_run": "cli",
-    "andon._cli_output": "cli",
-    "andon._cli_settings": "cli",
-    "andon._cli_prices": "cli",
-    "andon._cli_chat": "cli",
-    "andon._cli_term": "cli",
-    "andon._cli_signals": "cli",
-    "andon._cli_workers": "cli",
-    "andon._entry": "cli",
     "andon.__main__": "cli",
-    "andon._bench": "cli",
 }
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
@@ -314,7 +303,7 @@ def private_owner(module: str) -> str | None:
 
     ``pkg.x._y`` and ``pkg.x._y.z`` are private to ``pkg.x``; ``pkg.x._y._z`` to ``pkg.x._y``
     (a module of ``pkg.x`` may use ``pkg.x._y``, but ``_z`` is ``_y``'s own business). A
-    top-level private module such as ``andon._cli_run`` belongs to the package ``andon`` and so
+    top-level private module such as ``andon._x`` belongs to the package ``andon`` and so
     is open to every module of andon.
     """
     parts = module.split(".")

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from andon._bench import register, run
-from andon._bench._interrupt import SCENARIOS
+from andon.cli.bench import register, run
+from andon.cli.bench._interrupt import SCENARIOS
 from andon.testing import why_no_engine
 
 
@@ -98,7 +98,7 @@ def test_table_through_python_m() -> None:
         [
             sys.executable,
             "-m",
-            "andon.cli",
+            "andon",
             "bench",
             "interrupt",
             "--runs",
@@ -151,7 +151,7 @@ def test_progress_shows_on_a_terminal() -> None:
 
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "andon.cli", "bench", "recovery", "--max-events", "1000"],
+        ["-m", "andon", "bench", "recovery", "--max-events", "1000"],
         timeout=120,
         encoding="utf-8",
     )
@@ -168,7 +168,7 @@ def test_exit_waits_for_the_tool_s_ready_line_not_for_the_command_text() -> None
     tool runs: a SIGINT sent then would measure a stop at the wrong moment."""
     import io
 
-    from andon._bench._exit import _until_ready
+    from andon.cli.bench._exit import _until_ready
 
     call = {"type": "tool/call", "data": {"arguments": '{"command": "echo ready"}'}}
     output = {"type": "tool/output", "call_id": "c1-1-1", "text": "ready\n"}

@@ -30,7 +30,7 @@ def spawn(tmp_path: Path, model: str, *extra: str) -> pexpect.spawn[str]:
     child: pexpect.spawn[str] = pexpect.spawn(
         PYTHON,
         [
-            *("-m", "andon.cli", "chat", "--model", model, "--session", str(tmp_path / "s")),
+            *("-m", "andon", "chat", "--model", model, "--session", str(tmp_path / "s")),
             *("--workers", "1", *extra),
         ],
         cwd=str(tmp_path),

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from andon._cli_prices import BUILTIN, READ_ON, TABLE_NAME, Price, cost, parse_prices
 from andon.base import ConfigError
+from andon.cli._prices import BUILTIN, READ_ON, TABLE_NAME, Price, cost, parse_prices
 from andon.llm import DEEPSEEK_MODELS, ModelInfo
 from andon.testing import MockModelServer
 from tests.cli.support import env, run, script

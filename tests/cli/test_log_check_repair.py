@@ -15,7 +15,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "data" / "sessions"
 
 def andon(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "andon.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "andon", *args], capture_output=True, text=True, timeout=60
     )
 
 

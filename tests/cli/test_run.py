@@ -269,7 +269,7 @@ def test_max_tokens_exits_4(tmp_path: Path) -> None:
     ],
 )
 def test_exit_code_follows_the_last_turn_end(reason: dict[str, Any], code: int) -> None:
-    from andon._cli_run import exit_code_for
+    from andon.cli._run import exit_code_for
 
     assert exit_code_for(reason) == code
 

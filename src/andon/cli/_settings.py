@@ -1,7 +1,7 @@
 """Settings of ``andon run`` / ``andon resume``: flags win over ``ANDON_*`` variables, which win
 over ``andon.toml`` in the working directory (cli.md).
 
-``andon.toml`` alone may also hold ``[prices."MODEL"]`` tables (``andon._cli_prices``): the prices
+``andon.toml`` alone may also hold ``[prices."MODEL"]`` tables (``andon.cli._prices``): the prices
 the run's ``cost`` is computed with, beside or instead of the built-in ones.
 
 Only the names below are read from the environment: ``ANDON_SESSION`` (set for every tool call) and
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon._cli_prices import Price, parse_prices
-from andon._cli_workers import CONTAINERS, ContainerSettings, parse_containers, workers_in
 from andon.base import ConfigError, GracePolicy
+from andon.cli._prices import Price, parse_prices
+from andon.cli._workers import CONTAINERS, ContainerSettings, parse_containers, workers_in
 
 __all__ = ["ENV_VARS", "MAX_GRACE", "TOML_FILE", "Settings", "max_workers", "resolve"]
 

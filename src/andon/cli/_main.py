@@ -3,8 +3,8 @@
 Every user mistake becomes one clear line on stderr and exit code 2; a traceback is shown only with
 ``--debug``. Commands that exist in the design but are not built yet are not offered here.
 
-``andon run`` / ``andon resume`` live in ``andon._cli_run`` (the job, signals, exit codes),
-``andon._cli_output`` (what is printed) and ``andon._cli_settings`` (flags, ``ANDON_*``,
+``andon run`` / ``andon resume`` live in ``andon.cli._run`` (the job, signals, exit codes),
+``andon.cli._output`` (what is printed) and ``andon.cli._settings`` (flags, ``ANDON_*``,
 ``andon.toml``); this module parses arguments and checks everything a user can get wrong before
 the agent starts.
 """
@@ -32,7 +32,7 @@ from andon.base import (
 )
 
 if TYPE_CHECKING:
-    from andon._cli_run import RunJob
+    from andon.cli._run import RunJob
     from andon.session import Records
 
 __all__ = ["main"]
@@ -92,11 +92,11 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("prompt", nargs="?", metavar="PROMPT", help="a follow-up to run")
     _job_options(resume)
 
-    from andon._cli_chat import register as register_chat
+    from andon.cli._chat import register as register_chat
 
     register_chat(sub)
 
-    from andon._bench import register as register_bench
+    from andon.cli.bench import register as register_bench
 
     register_bench(sub)
 
@@ -166,13 +166,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _job_options(p: argparse.ArgumentParser) -> None:
     """Options shared by run and resume."""
-    from andon._cli_settings import add_agent_options
+    from andon.cli._settings import add_agent_options
 
     add_agent_options(p, job=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``andon`` command. Its entry point (``andon._entry``) handles signals from before this
+    """The ``andon`` command. Its entry point (``andon.cli``) handles signals from before this
     module is imported, turns a signal that arrives before anything started into its exit code,
     and leaves the process."""
     args = _parser().parse_args(argv)
@@ -217,7 +217,7 @@ def _describe(error: BaseException) -> str:
 
 def _session_dir(value: str) -> Path:
     """A session folder given as a path, or as a session id (a folder under the sessions root)."""
-    from andon._cli_run import sessions_root
+    from andon.cli._run import sessions_root
 
     path = Path(value)
     if not path.is_dir() and value and os.sep not in value and value not in (".", ".."):
@@ -267,19 +267,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         case "repair":
             return _repair(_session_dir(args.session), dry_run=args.dry_run)
         case "sessions":
-            from andon._cli_run import sessions_root
+            from andon.cli._run import sessions_root
 
             return _sessions(sessions_root(), as_json=args.json)
         case "run" | "resume":
-            from andon._cli_run import run_job
+            from andon.cli._run import run_job
 
             return run_job(_job(args))
         case "bench":
-            from andon._bench import run as run_bench
+            from andon.cli.bench import run as run_bench
 
             return run_bench(args)
         case "chat":
-            from andon._cli_chat import run as run_chat
+            from andon.cli._chat import run as run_chat
 
             return run_chat(args)
         case "worker":
@@ -335,8 +335,8 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _job(args: argparse.Namespace) -> RunJob:
     """Everything ``run``/``resume`` needs, checked before any process starts (errors exit 2)."""
-    from andon._cli_run import RunJob, load_model, new_session_dir
-    from andon._cli_settings import resolve
+    from andon.cli._run import RunJob, load_model, new_session_dir
+    from andon.cli._settings import resolve
     from andon.session import fold_state, read
 
     settings = resolve(vars(args))

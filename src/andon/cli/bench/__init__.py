@@ -258,7 +258,7 @@ def _interrupt_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m andon._bench …`` (the same arguments as ``andon bench``)."""
+    """The ``andon bench`` command run from a script (the same arguments)."""
     parser = argparse.ArgumentParser(prog="andon")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon._cli_settings import Settings, add_agent_options, resolve
-from andon._cli_term import TermOutput, to_ansi
 from andon.base import ConfigError, Disposed, User
+from andon.cli._settings import Settings, add_agent_options, resolve
+from andon.cli._term import TermOutput, to_ansi
 
 __all__ = ["register", "run"]
 
@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _job(args: argparse.Namespace) -> _Job:
-    from andon._cli_run import load_model, new_session_dir
     from andon.base import LogCorrupted, LogFormatUnsupported
+    from andon.cli._run import load_model, new_session_dir
     from andon.session import fold_state, read
 
     flags = {k: v for k, v in vars(args).items() if k not in ("session",)}
@@ -220,7 +220,7 @@ async def _chat(job: _Job) -> int:
     out.line(_HELP, "dim")
     if sum(job.queued):
         out.line(f"{sum(job.queued)} queued item(s) parked; Enter on an empty line runs them")
-    from andon._cli_run import agent_options
+    from andon.cli._run import agent_options
 
     options = agent_options(
         job.settings,

@@ -171,7 +171,7 @@ def _child(mode: str, folder: str) -> None:
 
 def _run_child(mode: str, folder: Path) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "andon._bench._recovery", mode, str(folder)],
+        [sys.executable, "-m", "andon.cli.bench._recovery", mode, str(folder)],
         capture_output=True,
         text=True,
         check=True,

@@ -1,8 +1,17 @@
-"""The ``andon`` command's entry point: signals are handled before anything else is imported.
+"""The ``andon`` command: :func:`main`, its entry point, handles signals before anything else is
+imported.
 
-``andon.cli`` imports asyncio and the base layer (~60 ms); a CI runner's signal in that window
-would otherwise kill the process by the default action. Installing the handlers here, with only
-the light ``andon._cli_signals`` imported, leaves just the interpreter's own start-up out of reach.
+The parser and the commands (``andon.cli._main``) import asyncio and the base layer (~60 ms); a
+CI runner's signal in that window would otherwise kill the process by the default action. So this
+package's ``__init__`` imports only the light ``andon.cli._signals`` and installs the handlers at
+once, which leaves just the interpreter's own start-up out of reach; everything else is imported
+inside :func:`main`.
+
+The modules: ``_main`` (the parser, every user mistake checked before the agent starts), ``_run``
+(``andon run`` / ``resume``: the job, the signal ladder, exit codes), ``_signals`` (the signal
+ledger), ``_output`` and ``_term`` (what is printed, plain and on a terminal), ``_settings``
+(flags, ``ANDON_*``, ``andon.toml``), ``_prices``, ``_workers`` (``--workers``), ``_chat``, and
+``bench`` (``andon bench``).
 
 The process also *leaves* from here: once the exit code is decided and stdout and stderr are
 flushed, ``os._exit``. Interpreter finalization restores the default action of every signal
@@ -18,7 +27,9 @@ import os
 import signal
 import sys
 
-from andon._cli_signals import LEDGER, install_early, stopped_in
+from andon.cli._signals import LEDGER, install_early, stopped_in
+
+__all__ = ["main"]
 
 install_early()
 
@@ -26,7 +37,7 @@ install_early()
 def main() -> int:
     try:
         try:
-            from andon.cli import main as cli_main
+            from andon.cli._main import main as cli_main
 
             code = cli_main()
         finally:
@@ -48,7 +59,7 @@ def main() -> int:
 def _leave(code: int) -> None:
     # What the output's writer threads still hold (the last stderr lines, say) goes out first,
     # within their own bounds: os._exit runs no atexit hook.
-    output = sys.modules.get("andon._cli_output")
+    output = sys.modules.get("andon.cli._output")
     if output is not None:
         with contextlib.suppress(Exception):
             output.drain_writers()

@@ -8,7 +8,7 @@ the process, in three phases:
   handler records the signal and raises :class:`Stopped`, which ``main`` turns into one line and
   exit code 128 + the signal's number. Nothing exists to stop, and no session folder was created.
 * **loop** (``andon run``): the event loop's handlers (``loop.add_signal_handler``) replace the
-  early ones; they record into the same ledger and stop the agent (``_cli_run._Signals``).
+  early ones; they record into the same ledger and stop the agent (``andon.cli._run._Signals``).
 * **late** (after the loop, until the process exits): the loop's own close would restore the
   default actions, under which a second signal kills the process and changes its exit status. The
   signals are blocked before the loop ends and handed to a handler that only records: the first
@@ -18,7 +18,7 @@ A SIGHUP ignored on entry (``nohup andon run …``) stays ignored. SIGINT and SI
 handled, ignored on entry or not: a CI job must always be able to stop its agent (a shell starts
 background jobs with SIGINT ignored).
 
-The early handlers are installed by the command's entry module (``andon._entry``) before anything
+The early handlers are installed by the command's entry module (``andon.cli``) before anything
 else is imported, so the only moments out of reach are the interpreter's own start-up (~15 ms):
 a signal there ends the process by its default action, before anything of andon exists (a shell
 reports it as 128 + the signal's number all the same). This module imports nothing heavy.

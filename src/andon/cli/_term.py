@@ -15,7 +15,7 @@ prompt's bottom toolbar (prompt_toolkit owns the terminal there). Control sequen
 the user's terminal.
 
 Like the other renderers, nothing here writes to the terminal on the event loop's thread: the
-console writes into the renderer's writer thread (``andon._cli_output.Writer``), one print as one
+console writes into the renderer's writer thread (``andon.cli._output.Writer``), one print as one
 unit, so a terminal paused with Ctrl-S never stops signals or timers. While the terminal does not
 keep up, the live area is not redrawn (its frames would only pile up); past the bound, whole prints
 are dropped (the session log has every record).
@@ -35,7 +35,8 @@ from typing import Any, Final, TextIO, cast
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
-from andon._cli_output import (
+from andon.base import GracePolicy
+from andon.cli._output import (
     _STAGE_NAMES,
     Output,
     _args,
@@ -43,7 +44,6 @@ from andon._cli_output import (
     _reason,
     summary_text,
 )
-from andon.base import GracePolicy
 
 __all__ = ["TermOutput", "strip_controls"]
 

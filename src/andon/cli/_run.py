@@ -1,7 +1,7 @@
 """``andon run`` and ``andon resume``: one job, an honest exit code, nothing left running.
 
 Order matters here (cli.md, Signals): ``main`` handles signals from its first instruction
-(``andon._cli_signals``); the loop's handlers take over as the first thing on the event loop,
+(``andon.cli._signals``); the loop's handlers take over as the first thing on the event loop,
 before the log is opened or a worker starts, so that a Ctrl-C at any moment becomes a cancel
 rather than a ``KeyboardInterrupt`` that skips the clean-up; and after the loop the signals stay
 handled (recorded only) until the process exits. A signal that arrives before the agent exists
@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon._cli_output import (
+from andon.base import ConfigError, Disposed, User, session_id
+from andon.cli._output import (
     JsonOutput,
     Output,
     StdoutClosed,
@@ -38,11 +39,10 @@ from andon._cli_output import (
     install_log_handler,
     say,
 )
-from andon._cli_prices import cost
-from andon._cli_settings import Settings
-from andon._cli_signals import LEDGER, record_only
-from andon._cli_workers import launcher_of
-from andon.base import ConfigError, Disposed, User, session_id
+from andon.cli._prices import cost
+from andon.cli._settings import Settings
+from andon.cli._signals import LEDGER, record_only
+from andon.cli._workers import launcher_of
 from andon.llm import Model, from_spec
 
 __all__ = [
@@ -348,7 +348,7 @@ def _describe(error: BaseException) -> str:
 
 
 def _output(job: RunJob) -> Output:
-    """``--json``; the rich view when stdout is a terminal (``andon._cli_term``); else plain."""
+    """``--json``; the rich view when stdout is a terminal (``andon.cli._term``); else plain."""
     if job.json:
         return JsonOutput(job.settings.grace)
     try:
@@ -356,7 +356,7 @@ def _output(job: RunJob) -> Output:
     except (OSError, ValueError):
         tty = False
     if tty:
-        from andon._cli_term import TermOutput
+        from andon.cli._term import TermOutput
 
         return TermOutput(job.settings.grace)
     return TextOutput(job.settings.grace)
@@ -364,7 +364,7 @@ def _output(job: RunJob) -> Output:
 
 def _start_live(out: Output) -> asyncio.Task[None] | None:
     """Redraw the rich view's live area (spinners, tails, stopping status) from the loop."""
-    from andon._cli_term import TermOutput
+    from andon.cli._term import TermOutput
 
     if not isinstance(out, TermOutput):
         return None
