@@ -1,4 +1,4 @@
-"""The grace policy value (workers.md, The grace policy).
+"""The grace policy value (docs/workers.md, The grace policy).
 
 It lives in ``base`` because three layers share it: the wire (``run`` carries it), the worker
 (sweep bounds) and the supervisor's executor (which owns the timeline).

@@ -319,7 +319,7 @@ class ToolExecutor:
     def timeout_choice(self, tool: Tool, arguments: Mapping[str, Any]) -> TimeoutChoice:
         """The call's own timeout, and whether the model's argument was clamped to get it.
 
-        Precedence (workers.md, Built-in tools), first that applies:
+        Precedence (docs/workers.md, Tools), first that applies:
 
         1. the model's ``timeout`` argument (shell tools; a positive number), clamped to the cap;
         2. the agent's default, ``default_timeout`` (``--tool-timeout``): it is the default of

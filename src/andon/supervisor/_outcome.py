@@ -40,14 +40,15 @@ class ToolOutcome:
     exit_signal: int | None = None
     ran: bool = False  # an exit status exists (the tool's process ran and ended)
     strays_killed: int = 0
-    unreachable: int = 0  # reported in content only: records.md has no field for it
+    unreachable: int = 0  # reported in content only: the log has no field for it
     output_bytes: int = 0
     output_file: str | None = None
     started: Started | None = None
     stages: tuple[StageMark, ...] = field(default=())
 
     def record_data(self) -> dict[str, Any]:
-        """The ``tool/result`` data of records.md (without ``turn`` and ``step``)."""
+        """The ``tool/result`` data (docs/log-format.md, Tool calls; without ``turn`` and
+        ``step``)."""
         data: dict[str, Any] = {
             "call_id": self.call_id,
             "content": self.content,
