@@ -1,7 +1,8 @@
 """The grace policy value (docs/workers.md, The grace policy).
 
 It lives in ``base`` because three layers share it: the wire (``run`` carries it), the worker
-(sweep bounds) and the supervisor's executor (which owns the timeline).
+(sweep bounds, and the timeline of ``andon worker``'s own SIGTERM drain) and the supervisor's
+executor (which owns the timeline of every stop it starts).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class GracePolicy:
 
     def deadline(self, stage: str) -> float:
         """Seconds after the stop began at which ``stage`` is sent (``interrupt``, ``term``,
-        ``kill``): the one place the timeline's deadlines are computed."""
+        ``kill``). The executor's timeline takes every deadline from here; the worker's SIGTERM
+        drain (``workers/_main.py``) lays out the same three offsets from the fields itself."""
         match stage:
             case "interrupt":
                 return 0.0

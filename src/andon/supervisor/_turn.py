@@ -1,7 +1,8 @@
 """The turn driver: turns, steps, the streaming step with its salvaged prefix, and tool scheduling.
 
-This module is large on purpose: it is the one place where the ordering rules of docs/agent-loop.md
-live together, and splitting them would scatter invariants that must be read side by side:
+This module is large on purpose: it is the one place where the ordering rules of a turn
+(docs/agent-loop.md) live together, and splitting them would scatter invariants that must be read
+side by side:
 
 * ``turn/end`` is written exactly once per turn, in a ``finally``; the final inbox re-check and
   the completed ``turn/end`` happen in one synchronous section (no ``await`` in between), so a

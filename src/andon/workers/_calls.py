@@ -3,7 +3,10 @@
 A shell call runs ``bash -c`` in a new session (its own process group); a Python call runs in a
 call process forked from the worker, in its own process group (``_pycall``). Either is inside the
 call's cgroup where there is one. The supervisor's executor owns the grace timeline and sends the
-stages; this module applies them with :class:`CallProcesses`, the one signalling function.
+stages; this module applies them. Every signal goes through :meth:`CallProcesses.stop` (its
+:meth:`~CallProcesses.signal` is the same for every member, strays included), which reaches
+processes only through :mod:`andon.base.procs`; a Python tool's interrupt is no signal at all but
+a cooperative cancel written to its call process's pipe (:meth:`CallProcess.cancel`).
 
 **A cancel is never lost.** One that arrives before the call's process exists (the call is still
 being validated, or is about to spawn) is kept, and the spawn does not happen: the result says the
