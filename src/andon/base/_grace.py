@@ -24,8 +24,14 @@ class GracePolicy:
     """
 
     interrupt: bool = True
+    """Whether a shell call gets SIGINT at 0. A Python tool's signal aborts at 0 either way: its
+    cooperative stop is not a signal and harms nothing."""
     term_after: float = 2.0
+    """Seconds from the stop's beginning to SIGTERM; ``>= 0``, ``inf`` for never (then KILL never
+    comes either, and only the tool or a force ends the call)."""
     kill_after: float = 3.0
+    """Seconds from SIGTERM to SIGKILL; ``>= 0``. Also the longest the worker's sweep of leftovers
+    waits between its SIGTERM and SIGKILL (never past the ladder's own KILL)."""
 
     def __post_init__(self) -> None:
         for name in ("term_after", "kill_after"):

@@ -22,8 +22,13 @@ _STAGE_SIGNAL = {"interrupt": "SIGINT", "term": "SIGTERM", "kill": "SIGKILL"}
 
 @dataclass(frozen=True, slots=True)
 class StageMark:
-    stage: str  # interrupt | term | kill
-    since_stop: float  # seconds after the stop began
+    """One stage of the grace ladder that the executor sent, as the status line reports it."""
+
+    stage: str
+    """``interrupt``, ``term`` or ``kill``; a call's marks are in ladder order, each one once."""
+    since_stop: float
+    """Seconds from the stop's beginning to the send, on the executor's clock (the status line's
+    ``+2.00s``; ``tool/signal.at`` is the worker's own measure, from the call's start)."""
 
 
 @dataclass(frozen=True)

@@ -88,13 +88,21 @@ class CallContext:
         self.worker_cgroup = worker_cgroup
         self.send = send
         self.started_at = time.monotonic()
+        """When the worker took the call (real time: the worker has no clock to share); the
+        ``at`` of every ``signalled`` report counts from here."""
         self.last_stage: CancelStage | None = None
-        # A stage that arrived before the call's process existed: the spawn then never happens.
+        """The strongest stage applied to the running call; only grows (``_later``). How the
+        call ended (``ended_by``) is the last stage that reached it before its leader exited."""
         self.requested: CancelStage | None = None
+        """A stage that arrived before the call's process existed; only grows. The spawn checks
+        it with no await in between and does not happen: a cancel is never lost."""
         self.cause: Cause | None = None
-        # When the supervisor's timeline sends KILL (each cancel says how far off it is); the
-        # sweep never waits past it. None: no stop under way, the sweep uses ``kill_after``.
+        """The first cause a cancel carried (never replaced): what a Python tool's signal aborts
+        with, however many stages follow."""
         self.kill_deadline: float | None = None
+        """When the supervisor's timeline sends KILL (each cancel says how far off it is), on the
+        worker's monotonic clock; only moves earlier. The sweep never waits past it. ``None``:
+        no stop under way, and the sweep waits ``kill_after``."""
         self.procs: CallProcesses | None = None
         self.call_process: CallProcess | None = None
         self._pending: list[Signalled] = []
