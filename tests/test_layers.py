@@ -1,9 +1,9 @@
-"""Layers point one way (architecture.md, Layering): a backward import fails this test.
+"""Layers point one way (docs/architecture.md, Layers): a backward import fails this test.
 
 Two more rules on the same import graph: no import cycle (one is only an accident of import order
 away from a partially initialised module, and a ``TYPE_CHECKING`` or function-local import is the
-same knot, only hidden), and no import of another package's private module (style.md 2: a
-package's ``__init__`` is its surface, its ``_name`` modules are its own business).
+same knot, only hidden), and no import of another package's private module (a package's ``__init__``
+is its surface, its ``_name`` modules are its own business).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Turn budgets and maintenance jobs (agent-loop.md, Hooks and Phases)."""
+"""Turn budgets and maintenance jobs (docs/agent-loop.md, Hooks and Maintenance)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cancellation: salvage, stalls, draining tools, the tree, the wake latch (agent-loop.md)."""
+"""Cancellation: salvage, stalls, draining tools, the tree, the wake latch (docs/agent-loop.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Streamed deltas: shown live one by one (``assistant/delta``), logged coalesced
-(``assistant/chunk``: one record per 16 ms or 4 KiB of deltas, records.md), and every delta that
-was shown is in the log before anything that ends or follows the stream."""
+(``assistant/chunk``: one record per 16 ms or 4 KiB of deltas: docs/log-format.md, Streamed deltas),
+and every delta that was shown is in the log before anything that ends or follows the stream."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A failure inside the executor answers the call, stops it, and gives its worker back (or
-replaces it): with one worker, the next call runs (agent-loop.md, Tool calls; workers.md).
+replaces it): with one worker, the next call runs (docs/agent-loop.md, Tool calls; docs/workers.md).
 
 Each failure here is a real one: an argument the wire cannot carry (an integer beyond 64 bits, a
 lone surrogate, nesting deeper than the protocol takes, a message over its size limit), a session
@@ -138,7 +138,8 @@ async def test_a_run_message_andon_cannot_encode_is_internal_and_holds_no_worker
         assert failed["ended_by"] == "not-run"
         assert failed["content"].startswith("Error: internal error in andon's executor: ")
         assert "encoding the run message failed" in failed["content"]
-        # An INTERNAL result is andon's failure: the turn ends error (records.md), saying which.
+        # An INTERNAL result is andon's failure: the turn ends error (docs/log-format.md, Error
+        # codes).
         (end,) = turn_ends(odd)
         assert end["kind"] == "error" and end["error"]["code"] == "INTERNAL"
         assert "c1-1-1" in end["error"]["message"]

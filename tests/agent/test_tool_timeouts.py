@@ -1,4 +1,4 @@
-"""How long a tool call may run (workers.md, Built-in tools; ``ToolExecutor.timeout_choice``).
+"""How long a tool call may run (docs/workers.md, Tools; ``ToolExecutor.timeout_choice``).
 
 Precedence: the model's ``timeout`` argument (clamped to the cap) > the agent's ``tool_timeout``
 (``--tool-timeout``) > the tool's own default; the cap is the largest of the tool's own cap,

@@ -1,4 +1,4 @@
-"""Turns, steps and the inbox (agent-loop.md), against real workers and a real log."""
+"""Turns, steps and the inbox (docs/agent-loop.md), against real workers and a real log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A log that cannot be written stops the agent honestly (session-log.md, Durability)."""
+"""A log that cannot be written stops the agent honestly (docs/log-format.md, When the disk
+fails)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Abort semantics (agent-loop.md, Cancellation primitive)."""
+"""Abort semantics (docs/architecture.md, The cancellation primitive)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fixtures for tests against a real container engine (scale-out.md, "What runs here").
+"""Fixtures for tests against a real container engine (docs/scale-out.md, What is tested, and how).
 
 ``engine_url`` is the API address of a Podman service started for the session, or of the engine
 ``ANDON_TEST_ENGINE_URL`` names; ``engine`` a docker-py client for it; ``worker_image`` an image

@@ -1,6 +1,7 @@
 """The real-container test infrastructure itself: the worker image runs the host's Python with
 andon from read-only bind mounts, and removing a container leaves nothing of it on the host, a
-``setsid`` escapee included (scale-out.md, Engines: the engine's remove is the backstop)."""
+``setsid`` escapee included (docs/scale-out.md, The launcher seam: the engine's remove is the
+backstop)."""
 
 from __future__ import annotations
 

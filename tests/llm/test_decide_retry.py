@@ -1,6 +1,6 @@
 """A caller's retry decision (``decide_retry``, the seam of the ``OnRequestError`` hook) replaces
 the retry policy, through the HTTP adapter against the real mock server and through ``Scripted``
-alike (llm.md, Errors and retries; agent-loop.md, Hooks)."""
+alike (docs/models.md, Errors and retries; docs/agent-loop.md, Hooks)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The mock model server itself (llm.md, Mock server): its wire format, the server-only reply
-options, script validation, request recording, shutdown and ``andon mock-model``'s ``main``."""
+"""The mock model server itself (docs/models.md, The mock server): its wire format, the server-only
+reply options, script validation, request recording, shutdown and ``andon mock-model``'s
+``main``."""
 
 from __future__ import annotations
 

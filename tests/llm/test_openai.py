@@ -1,6 +1,6 @@
-"""The HTTP adapter against the mock server over real HTTP (llm.md): deltas, usage, finish reasons,
-keep-alives and timeouts, stream errors, HTTP errors and retries, cancellation, the request body
-and the API key's secrecy."""
+"""The HTTP adapter against the mock server over real HTTP (docs/models.md): deltas, usage, finish
+reasons, keep-alives and timeouts, stream errors, HTTP errors and retries, cancellation, the request
+body and the API key's secrecy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DeepSeek V4's reasoning pass-back rule (llm.md, Wire format → Reasoning): the rule on histories,
+"""DeepSeek V4's reasoning pass-back rule (docs/models.md, What is sent): the rule on histories,
 and the real adapter against the mock server in strict mode, which answers HTTP 400 exactly as
 DeepSeek does when a tool-using span's reasoning is missing."""
 
@@ -182,8 +182,9 @@ def test_thinking_off_or_another_provider_sends_no_reasoning(options: dict[str, 
 
 class Conversation:
     """Drives the real adapter through a conversation, building each request's messages the way
-    the session's history fold does (llm.md; session-log.md, Folds): every assistant message
-    carries its ``reasoning_content``, ``""`` when none streamed."""
+    the session's history fold does (docs/models.md, What is sent; docs/log-format.md,
+    What is derived from the log): every assistant message carries its ``reasoning_content``,
+    ``""`` when none streamed."""
 
     def __init__(self, model: OpenAICompatible) -> None:
         self.model = model

@@ -1,6 +1,6 @@
-"""The request builder (llm.md, Wire format): history + tools -> a chat-completions body, with
-DeepSeek's rule for passing reasoning back (the V4 rule; test_reasoning_rule.py has the histories
-and the strict server)."""
+"""The request builder (docs/models.md, What is sent): history + tools -> a chat-completions body,
+with DeepSeek's rule for passing reasoning back (the V4 rule; test_reasoning_rule.py has the
+histories and the strict server)."""
 
 from __future__ import annotations
 

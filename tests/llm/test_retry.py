@@ -1,4 +1,4 @@
-"""The retry policy of the model adapters (llm.md, Errors and retries)."""
+"""The retry policy of the model adapters (docs/models.md, Errors and retries)."""
 
 from __future__ import annotations
 

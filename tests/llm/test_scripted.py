@@ -1,4 +1,5 @@
-"""The scripted model (llm.md, Scripted model): streaming, errors and retries, abort, validation."""
+"""The scripted model (docs/models.md, Scripted replies): streaming, errors and retries, abort,
+validation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model specs (llm.md, Model specs): every accepted form, and clear refusals."""
+"""Model specs (docs/models.md, Choosing a model): every accepted form, and clear refusals."""
 
 from __future__ import annotations
 

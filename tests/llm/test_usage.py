@@ -1,6 +1,6 @@
-"""Token usage (llm.md, Wire format): DeepSeek's and OpenAI's cache and reasoning counts, read by
-the real adapter over HTTP and by the scripted model alike; malformed values are dropped, never
-fatal; ``Usage.to_dict`` keeps its two base keys and adds only what is known."""
+"""Token usage (docs/models.md, What comes back): DeepSeek's and OpenAI's cache and reasoning
+counts, read by the real adapter over HTTP and by the scripted model alike; malformed values are
+dropped, never fatal; ``Usage.to_dict`` keeps its two base keys and adds only what is known."""
 
 from __future__ import annotations
 

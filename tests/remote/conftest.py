@@ -1,7 +1,8 @@
 """Two "hosts" on one machine: this process's network namespace and a new one, joined by a veth
-pair (scale-out.md, What runs here). Needs root and iproute2; without them the tests skip and say
-why. Every name (namespace, interfaces) carries a random part, and the address pair is picked at
-random in 10.200-254.x.x, so another copy of the suite on the machine never meets these."""
+pair (docs/scale-out.md, What is tested, and how). Needs root and iproute2; without them the tests
+skip and say why. Every name (namespace, interfaces) carries a random part, and the address pair is
+picked at random in 10.200-254.x.x, so another copy of the suite on the machine never meets
+these."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""No process andon starts holds a model API key (workers.md, Tool environment).
+"""No process andon starts holds a model API key (docs/workers.md, Tools).
 
 A tool can read its own ``/proc/self/environ`` and that of every ancestor andon started: its worker,
 the forkserver the worker was forked from (and, for a Python tool, its call process is itself a

@@ -204,9 +204,9 @@ def _alive(pid: int | None) -> bool:
 
 
 async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_them() -> None:
-    """A fast exit (cli.md): idle workers are SIGKILLed rather than asked to exit, and the
-    forkserver and resource tracker the pool started are killed and reaped; nothing of them
-    outlives the close, not even a zombie."""
+    """A fast close (docs/workers.md, Starting workers): idle workers are SIGKILLed rather than
+    asked to exit, and the forkserver and resource tracker the pool started are killed and reaped;
+    nothing of them outlives the close, not even a zombie."""
     from multiprocess import forkserver, resource_tracker
 
     from andon.base import procs

@@ -1,6 +1,6 @@
 """AbortController / AbortSignal: cancellation as a state with a reason.
 
-Rules (agent-loop.md, Cancellation primitive):
+Rules (docs/architecture.md, The cancellation primitive):
 
 * ``controller.abort(cause)`` is idempotent and **the first cause wins**; the cause object is kept
   as given.

@@ -1,4 +1,4 @@
-"""Error codes (records.md, Error codes): a closed set the log and the tools depend on."""
+"""Error codes (docs/log-format.md, Error codes): a closed set the log and the tools depend on."""
 
 from __future__ import annotations
 

@@ -175,7 +175,8 @@ class LogWriteFailed(SessionError):
 
 
 class ModelError(AndonError):
-    """The model API failed. ``code`` is one of the model codes of records.md."""
+    """The model API failed. ``code`` is one of the model codes (docs/models.md, Errors and
+    retries)."""
 
     def __init__(
         self,

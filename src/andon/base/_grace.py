@@ -1,7 +1,8 @@
-"""The grace policy value (workers.md, The grace policy).
+"""The grace policy value (docs/workers.md, The grace policy).
 
 It lives in ``base`` because three layers share it: the wire (``run`` carries it), the worker
-(sweep bounds) and the supervisor's executor (which owns the timeline).
+(sweep bounds, and the timeline of ``andon worker``'s own SIGTERM drain) and the supervisor's
+executor (which owns the timeline of every stop it starts).
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ class GracePolicy:
     """
 
     interrupt: bool = True
+    """Whether a shell call gets SIGINT at 0. A Python tool's signal aborts at 0 either way: its
+    cooperative stop is not a signal and harms nothing."""
     term_after: float = 2.0
+    """Seconds from the stop's beginning to SIGTERM; ``>= 0``, ``inf`` for never (then KILL never
+    comes either, and only the tool or a force ends the call)."""
     kill_after: float = 3.0
+    """Seconds from SIGTERM to SIGKILL; ``>= 0``. Also the longest the worker's sweep of leftovers
+    waits between its SIGTERM and SIGKILL (never past the ladder's own KILL)."""
 
     def __post_init__(self) -> None:
         for name in ("term_after", "kill_after"):
@@ -41,7 +48,8 @@ class GracePolicy:
 
     def deadline(self, stage: str) -> float:
         """Seconds after the stop began at which ``stage`` is sent (``interrupt``, ``term``,
-        ``kill``): the one place the timeline's deadlines are computed."""
+        ``kill``). The executor's timeline takes every deadline from here; the worker's SIGTERM
+        drain (``workers/_main.py``) lays out the same three offsets from the fields itself."""
         match stage:
             case "interrupt":
                 return 0.0

@@ -1,4 +1,5 @@
-"""Identifiers of records.md: message ids, session ids and andon's own tool-call ids."""
+"""Identifiers of the log (docs/log-format.md, Ids): message ids, session ids and andon's own
+tool-call ids."""
 
 from __future__ import annotations
 

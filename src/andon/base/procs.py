@@ -1,8 +1,10 @@
-"""Finding, naming and signalling processes: the one place in andon that does it.
+"""Finding, naming and signalling processes by number: the one place in andon that does it.
 
 Every other module (the worker's call processes, the pool, crash repair, the CLI's hard exit, the
 benchmark, the test suite) goes through these functions; nothing else reads ``/proc/<pid>/stat``
-or sends a signal to a process it verified.
+or signals a process found by its number (``tests/test_one_place.py`` checks it). The one other
+way a signal leaves andon is ``Popen.send_signal``/``terminate``/``kill`` on the caller's own
+unreaped child, whose pid cannot have been reused.
 
 **Identity.** A pid alone names nothing: pids are reused (a busy machine wraps them in minutes).
 A process is named by a :class:`ProcessKey`, its pid and its start time in clock ticks since boot;

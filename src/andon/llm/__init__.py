@@ -2,7 +2,7 @@
 :data:`RetryDecider` seam that replaces it), the scripted model and its script format, the
 streaming HTTP adapter for DeepSeek and OpenAI-compatible servers, and model specs.
 
-Imports only ``andon.base`` (architecture.md, Layering).
+Imports only ``andon.base`` (docs/architecture.md, Layers).
 """
 
 from andon.llm._openai import OpenAICompatible

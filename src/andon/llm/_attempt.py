@@ -19,9 +19,10 @@ span ``yield`` s of an async generator: its cancel scope would hit whatever code
 between chunks, and its exit may run in another task (a finaliser's ``aclose``). So the
 :class:`Attempt` is the reader's owner instead, and the generator's ``finally`` always awaits
 :meth:`Attempt.close`, which cancels the reader (once) and awaits it — on a finish, a failure, an
-abort, a consumer that stops early (``aclose``) and a cancelled consumer alike. agent-loop.md allows
-exactly this: the adapter's own internal reader task, one per stream (attempts never overlap: each
-is closed before the next one starts).
+abort, a consumer that stops early (``aclose``) and a cancelled consumer alike. Agent work is
+never stopped by ``Task.cancel()`` (docs/architecture.md, How a stop travels); the one task an
+abort cancels is this one, the adapter's own reader, one per stream (docs/models.md,
+Cancellation; attempts never overlap: each is closed before the next one starts).
 
 Invariants: the reader is cancelled at most once (a second cancel would interrupt the
 ``response.aclose()`` of the first and could leave the socket open); the reader is always awaited
@@ -60,7 +61,8 @@ clock: it bounds a courtesy, not a behaviour a test observes."""
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds, or ``None`` for no limit (llm.md: connect 10, first content 300, idle 120)."""
+    """Seconds, or ``None`` for no limit (docs/models.md, Errors and retries: connect 10, first
+    content 300, idle 120)."""
 
     connect: float | None = 10.0
     first_content: float | None = 300.0

@@ -1,11 +1,11 @@
 """Model API failures as typed :class:`~andon.base.ModelError` values, with messages that say
 what to do.
 
-Three sources (llm.md, Errors and retries): an HTTP error status (with the server's JSON error body
-and ``Retry-After``), an ``{"error": {...}}`` payload inside the stream, and a transport failure
-raised by httpx. Every message that quotes the server goes through :func:`scrub` first, so an API
-key echoed back by a server ("Incorrect API key provided: sk-...") never reaches an error (nor does
-a lone surrogate, which the session log could not write).
+Three sources (docs/models.md, Errors and retries): an HTTP error status (with the server's JSON
+error body and ``Retry-After``), an ``{"error": {...}}`` payload inside the stream, and a transport
+failure raised by httpx. Every message that quotes the server goes through :func:`scrub` first, so
+an API key echoed back by a server ("Incorrect API key provided: sk-...") never reaches an error
+(nor does a lone surrogate, which the session log could not write).
 
 One HTTP 400 gets its own advice: DeepSeek's "The `reasoning_content` in the thinking mode must be
 passed back to the API". andon sends that reasoning itself (``_request``), so the 400 means a bug
@@ -105,7 +105,8 @@ def _server_message(body: bytes, secret: str | None) -> str:
 def status_error(
     status: int, body: bytes, retry_after: float | None, context: Context
 ) -> ModelError:
-    """The error for an HTTP error response (llm.md's table), with an actionable message."""
+    """The error for an HTTP error response (the table of docs/models.md, Errors and retries), with
+    an actionable message."""
     code = code_for_status(status)
     said = _server_message(body, context.secret)
     head = f"HTTP {status} from {context.url}"

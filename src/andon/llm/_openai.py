@@ -1,7 +1,7 @@
 """The HTTP model adapter: streaming chat completions from DeepSeek or any OpenAI-compatible server.
 
-:class:`OpenAICompatible` owns the attempts (llm.md, "the driver owns the log, the adapter owns the
-attempts"): for each HTTP request it first awaits ``on_attempt(n, error, delay)``, then runs one
+:class:`OpenAICompatible` owns the attempts and the driver owns the log (docs/models.md, Errors
+and retries): for each HTTP request it first awaits ``on_attempt(n, error, delay)``, then runs one
 :class:`~andon.llm._attempt.Attempt`, and on a failure asks the :class:`RetryPolicy` (or the
 caller's ``decide_retry``, which replaces it) for a delay — but only while nothing of the attempt
 has reached the caller, so a retry never repeats visible output. Backoff sleeps are abort-aware; an

@@ -4,7 +4,7 @@ The messages are OpenAI chat dicts as ``andon.session.history`` produces them (a
 ``system`` message, then ``user``, ``assistant`` and ``tool`` messages; the fold keeps
 ``reasoning_content`` on every assistant message, ``""`` when it had none). They pass through as
 they are, with one per-provider change: what happens to an assistant message's
-``reasoning_content`` (llm.md, Wire format → Reasoning).
+``reasoning_content`` (docs/models.md, What is sent).
 
 * DeepSeek with thinking on (the V4 rule, DeepSeek's "Thinking Mode → Tool Calls"): split the
   messages into *spans* at every ``user`` message. In every span in which the model made a tool

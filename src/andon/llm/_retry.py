@@ -1,5 +1,5 @@
-"""Retry policy of the model adapters (llm.md, Errors and retries), shared by the HTTP adapter and
-:class:`~andon.llm.Scripted` so a script exercises exactly the production behaviour.
+"""Retry policy of the model adapters (docs/models.md, Errors and retries), shared by the HTTP
+adapter and :class:`~andon.llm.Scripted` so a script exercises exactly the production behaviour.
 
 * Which failures are retried is decided by the error's code alone (:data:`RETRYABLE_CODES`); the
   adapter only asks while nothing of the attempt has streamed yet.
@@ -47,8 +47,9 @@ RETRYABLE_CODES: Final[frozenset[ErrorCode]] = frozenset(
         ErrorCode.OVERLOADED,
     }
 )
-"""Model error codes worth another attempt (llm.md's table). Everything else is final: retrying a
-bad request, a missing key or an exhausted script cannot succeed."""
+"""Model error codes worth another attempt (the table of docs/models.md, Errors and
+retries). Everything else is final: retrying a bad request, a missing key or an exhausted script
+cannot succeed."""
 
 _STATUS_CODES: Final[dict[int, ErrorCode]] = {
     400: ErrorCode.BAD_REQUEST,
@@ -68,8 +69,9 @@ _STATUS_CODES: Final[dict[int, ErrorCode]] = {
 def code_for_status(status: int) -> ErrorCode:
     """The model error code of an HTTP error status.
 
-    Statuses outside llm.md's table fall back by class: any other 5xx is ``SERVER`` (the server's
-    trouble, worth a retry), any other status ``BAD_REQUEST`` (our request, not worth one).
+    Statuses outside the table of docs/models.md fall back by class: any other 5xx is ``SERVER``
+    (the server's trouble, worth a retry), any other status ``BAD_REQUEST`` (our request, not worth
+    one).
     """
     known = _STATUS_CODES.get(status)
     if known is not None:

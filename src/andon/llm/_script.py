@@ -1,5 +1,5 @@
-"""The script format of the scripted model (llm.md, Scripted model): reply dicts parsed into
-frozen values, validated as a whole before anything plays.
+"""The script format of the scripted model (docs/models.md, Scripted replies): reply dicts parsed
+into frozen values, validated as a whole before anything plays.
 
 :class:`ScriptParser` turns the plain dicts of a script into :class:`ScriptReply` values or
 raises :class:`~andon.base.ScriptInvalid` naming the reply index and the field.
@@ -111,8 +111,8 @@ class ScriptFailure:
 class ScriptReply:
     """One validated reply: its content, pacing and finish, or (``error`` set) a failure.
 
-    Field meanings are those of the reply dicts (llm.md, Scripted model); :meth:`content` cuts
-    the content into the deltas a model would stream.
+    Field meanings are those of the reply dicts (docs/models.md, Scripted replies); :meth:`content`
+    cuts the content into the deltas a model would stream.
     """
 
     reasoning: str = ""

@@ -1,4 +1,4 @@
-"""The scripted model (llm.md, Scripted model): plays a list of replies without a network.
+"""The scripted model (docs/models.md, Scripted replies): plays a list of replies without a network.
 
 It drives the offline demo, the benchmarks and most tests, so it behaves like the HTTP adapter
 wherever a caller can tell: replies stream in fragments, errors are typed and retried by the same
@@ -48,8 +48,9 @@ __all__ = ["Scripted"]
 class Scripted:
     """A :class:`~andon.llm.Model` that plays ``replies`` in order, one per model request.
 
-    Each reply is a plain dict (llm.md, Scripted model): ``reasoning``, ``text``, ``tool_calls``
-    (``[{name, arguments, id?}]``; mapping arguments are sent as JSON, a string as is),
+    Each reply is a plain dict (docs/models.md, Scripted replies): ``reasoning``, ``text``,
+    ``tool_calls`` (``[{name, arguments, id?}]``; mapping arguments are sent as JSON, a string as
+    is),
     ``chunk_size`` (characters per streamed fragment, default 16), ``chunk_delay`` (seconds
     between chunks on ``clock``, default 0), ``finish`` (``stop`` | ``tool_calls`` | ``length``;
     default ``tool_calls`` when there are tool calls, else ``stop``), ``usage`` (a provider's
@@ -172,7 +173,7 @@ class Scripted:
         *,
         decide_retry: RetryDecider | None = None,
     ) -> AsyncIterator[Chunk]:
-        """Answer ``request`` with the next reply(ies); see the class docstring and llm.md."""
+        """Answer ``request`` with the next reply(ies); see the class docstring."""
         self._requests.append(request)
         attempt = 1
         cause: ModelError | None = None

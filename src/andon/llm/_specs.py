@@ -1,4 +1,4 @@
-"""Model specs (llm.md, Model specs): the ``--model`` string becomes a model.
+"""Model specs (docs/models.md, Choosing a model): the ``--model`` string becomes a model.
 
 * ``deepseek-v4-flash``, ``deepseek-v4-pro``: ``https://api.deepseek.com``, key in
   ``$DEEPSEEK_API_KEY`` (required), thinking on unless turned off, always sent explicitly.

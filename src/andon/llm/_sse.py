@@ -1,4 +1,5 @@
-"""From the data payloads of a chat-completions event stream to typed chunks (llm.md, Wire format).
+"""From the data payloads of a chat-completions event stream to typed chunks (docs/models.md, What
+comes back).
 
 :class:`StreamParser` sees one ``data:`` payload at a time (SSE framing and comment lines are
 httpx-sse's business) and keeps the little state a reply needs: which provider tool-call index

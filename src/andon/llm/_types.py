@@ -175,12 +175,12 @@ the seconds to wait before the next attempt, or ``None`` to give up, and the err
 decider owns the whole budget: ``max_retries`` and the retryable codes of the policy do not apply,
 so it must stop by itself (it is told the attempt number). A delay that is not a finite number
 ``>= 0`` is raised as ``ModelError(INTERNAL)``. This is the seam of the ``OnRequestError`` hook
-(agent-loop.md, Hooks), defined here because the model layer cannot import the supervisor."""
+(docs/agent-loop.md, Hooks), defined here because the model layer cannot import the supervisor."""
 
 
 @runtime_checkable
 class Model(Protocol):
-    """The seam between the agent loop and a model (llm.md).
+    """The seam between the agent loop and a model (docs/models.md).
 
     ``stream`` makes the request, retrying failures that the retry policy allows (or, when
     ``decide_retry`` is given, that it asks for: see :data:`RetryDecider`) while nothing has

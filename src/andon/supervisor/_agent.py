@@ -1,6 +1,6 @@
 """The Agent: phases, the durable inbox, cancel, the wake latch, and live events.
 
-Phases (agent-loop.md)::
+Phases::
 
     idle        {last_turn}
     maintenance {controller, last_turn, wake_requested}

@@ -1,4 +1,4 @@
-"""Tool workers in containers, through the Docker Engine API (scale-out.md, Engines).
+"""Tool workers in containers, through the Docker Engine API (docs/scale-out.md, Containers).
 
 The worker is the container's **main process** (``andon worker --connect …``): the engine starts
 it, and removing the container is the backstop that kills every process in it (measured: no

@@ -12,6 +12,18 @@ Everything that can happen to a call arrives on one queue (worker messages, the 
 timer ticks), so the timeline is a single sequential loop with no races between its branches.
 Timers are :meth:`Clock.call_at` callbacks that put a tick on that queue: no task per timer.
 
+**Who may change what, and when.** Only the call's own task (:meth:`_RunningCall.drive`) changes
+a call's timeline. The abort callback, :meth:`ToolExecutor.force`, the timer and the pool never
+touch it: they only put an item on the queue, synchronously. So a cancel that lands "between two
+lines" of the loop changes nothing there; it is an ``_ABORT`` waiting its turn, handled after
+the item in hand. The loop does await inside an item (sends to the worker), and items that
+arrive meanwhile wait too: each item is handled to its end, in arrival order, and every branch
+re-reads ``self.timeline`` after an await instead of trusting what it saw before it (a send that
+fails turns the timeline ``Lost``). Ticks carry no meaning of their own: each one re-reads the
+clock and the timeline and does what is due now, so a tick from a timer that was replaced, or
+two ticks in a row, do nothing wrong. At most one timer is armed, for the timeline's next
+deadline, and every transition re-arms it (:meth:`_RunningCall._schedule`).
+
 **Every call is answered, and nothing of it outlives its answer.** A bad call is answered before
 any worker is taken: arguments the wire cannot carry (an integer beyond 64 bits, a lone surrogate
 in a string, nesting deeper than the protocol takes, a message over the size limit) are
@@ -135,15 +147,16 @@ class ExecutionObserver:
 
 
 class _Tick:
-    pass
+    """A timer fired. It names no deadline: the loop re-reads the clock and does what is due."""
 
 
 class _Abort:
-    pass
+    """The turn's signal aborted. The cause is read from the signal when the item is handled; a
+    signal fires once, so a call gets at most one of these."""
 
 
 class _Force:
-    pass
+    """Skip the rest of the grace period (a second Ctrl-C)."""
 
 
 _TICK, _ABORT, _FORCE = _Tick(), _Abort(), _Force()
@@ -287,6 +300,9 @@ class ToolExecutor:
         self.env_remove = env_remove
         self.kill_ack_timeout = kill_ack_timeout
         self._inflight: set[asyncio.Queue[object]] = set()
+        """The queues of the calls dispatched now, for :meth:`force`, which only enqueues. Added
+        just before a call's drive starts and removed in ``execute``'s ``finally``; a force that
+        races the removal is harmless, since each queue belongs to one lease and dies with it."""
 
     # -- before dispatch ---------------------------------------------------------------------
 
@@ -319,7 +335,7 @@ class ToolExecutor:
     def timeout_choice(self, tool: Tool, arguments: Mapping[str, Any]) -> TimeoutChoice:
         """The call's own timeout, and whether the model's argument was clamped to get it.
 
-        Precedence (workers.md, Built-in tools), first that applies:
+        Precedence (docs/workers.md, Tools), first that applies:
 
         1. the model's ``timeout`` argument (shell tools; a positive number), clamped to the cap;
         2. the agent's default, ``default_timeout`` (``--tool-timeout``): it is the default of
@@ -355,7 +371,12 @@ class ToolExecutor:
         return TimeoutChoice(value)
 
     def force(self) -> None:
-        """Skip the rest of the grace period of every call being stopped: kill now."""
+        """Skip the rest of the grace period of every call being stopped: kill now.
+
+        A call still ``Running`` ignores it: a force means "the stop under way, faster". The
+        agent aborts the turn's signal before it forces, and the abort's callback enqueues
+        ``_ABORT`` synchronously, so every call of that turn sees the abort, then the force.
+        """
         for queue in list(self._inflight):
             queue.put_nowait(_FORCE)
 
@@ -419,6 +440,10 @@ class ToolExecutor:
             return ready
         if signal.aborted:
             return aborted_before_dispatch(request.call_id)
+        # Nothing has been sent yet: an abort from here to the end of ``acquire`` leaves the call
+        # not started (``acquire`` checks the signal in the same step as it grants a worker, and
+        # raises ``Aborted``). From its return to ``drive``'s callback nothing awaits, so no
+        # abort falls between them unseen.
         try:
             lease = await self.pool.acquire(signal)
         except Aborted:
@@ -497,16 +522,35 @@ class _RunningCall:
         self.grace = ready.run.grace
         self.timeout = ready.run.timeout
         self.queue: asyncio.Queue[object] = lease.messages
+        """Everything that happens to the call, in order: the worker's messages and the pool's
+        ``WorkerGone`` (put by the pool), and ``_ABORT``, ``_FORCE``, ``_TICK`` (put by the
+        signal's callback, :meth:`ToolExecutor.force` and the timer). The lease's own queue, so
+        nothing left in it can reach another call."""
         self.clock = executor.clock
-        self.t0 = 0.0  # when the run was sent, on the executor's clock
+        self.t0 = 0.0
+        """When the run was sent, on the executor's clock; set once, just before the send. The
+        result's ``duration`` and the call's own timeout count from here."""
         self.timeline: Timeline = Running(0.0, self.timeout)
-        self.dispatched = False  # the run may have reached the worker
+        """Where the call is on the grace ladder (see :mod:`andon.supervisor._timeline`); only
+        :meth:`drive` and the methods it calls replace it, and only forward."""
+        self.dispatched = False
+        """True from just before the run's send on (never reset): the worker may have the call,
+        so it can be released only once its result came. False: nothing was sent."""
         self.result_received = False
+        """The worker's ``result`` for the call arrived (never reset): the worker then reported
+        the call's processes gone and is idle, so it may go back to the pool."""
         self.retired = False
-        self.failure: str | None = None  # the first failure inside the executor, if any
+        """The worker was killed on purpose (set once, by :meth:`retire`); it is never released."""
+        self.failure: str | None = None
+        """The first failure inside the executor, if any (never replaced): the answer is then
+        ``INTERNAL`` naming it, unless the turn's cancel stopped the call and its result came."""
         self.started: Started | None = None
+        """The worker's ``started`` report (the tool's process exists), once it came."""
         self.last_result: Result | None = None
-        self.acked = 0  # output bytes consumed, as the worker was last told
+        """The ``result`` received, kept for an answer built after a failure handling it."""
+        self.acked = 0
+        """Output bytes consumed, as the worker was last told (``ack``); only grows. The worker
+        sends at most ``OUTPUT_WINDOW`` bytes beyond it, then stops reading the tool's pipe."""
         self.spill = Spill(
             executor.session_dir,
             request.call_id,
@@ -514,6 +558,8 @@ class _RunningCall:
             executor.spill_cap,
         )
         self._timer: Timer | None = None
+        """The one armed timer, for the timeline's next deadline; ``None`` when none is due (no
+        timeout, or ``term_after=inf``). Replaced, never added to, by :meth:`_schedule`."""
 
     @property
     def python(self) -> bool:
@@ -528,15 +574,27 @@ class _RunningCall:
         return timeline if isinstance(timeline, Stopping) else None
 
     async def drive(self) -> ToolOutcome:
+        # The callback only enqueues: the loop below is the timeline's one writer. Added before
+        # the first await, so no abort can fall between the lease and the loop unseen (on a
+        # signal already aborted it would fire at once, putting the stop first in the queue).
         handle = self.signal.add_callback(lambda _cause: self.queue.put_nowait(_ABORT))
         try:
+            # The tag before the send: from the moment the worker may have the run, a lost worker
+            # must be cleaned up by the tag (and the cgroup named after it).
             self.lease.tag = self.ready.run.tag
             self.t0 = self.clock.monotonic()
             self.timeline = Running(self.t0, self.timeout)
+            # Before the await, not after: if the send is cancelled or fails half-way, the worker
+            # may still have the run, and ``settle`` must retire it rather than lend it again.
             self.dispatched = True  # from the send on, the call counts as started
             await self._send_frames(list(self.ready.frames))
+            # An abort during the send is handled right after it: the ``interrupt`` follows the
+            # run, and a worker that has not spawned the tool yet keeps that cancel and answers
+            # ``ABORTED_BEFORE_DISPATCH`` (docs/workers.md, A cancel is never lost).
             self._schedule()
             while True:
+                # The only wait for the world. A task cancellation here (or at any send) leaves
+                # through ``finally`` below and ``execute``, which kills the worker with the call.
                 item = await self.queue.get()
                 try:
                     outcome = await self._handle(item)
@@ -546,6 +604,8 @@ class _RunningCall:
                         if isinstance(e, _Failure)
                         else (f"handling {_item_name(item)} failed: {_describe(e)}")
                     )
+                    # The call is not abandoned: it is stopped by the ladder a cancel takes, and
+                    # the loop goes on draining it; only the answer becomes INTERNAL.
                     await self._fail(failure)
                     if self.result_received:
                         # The result came, but could not be made into an outcome: the call is
@@ -555,13 +615,18 @@ class _RunningCall:
                 if outcome is not None:
                     return self._final(outcome)
         finally:
+            # Synchronous, so it runs whole even on a cancellation: no callback or timer of this
+            # call outlives it (an abort after this point enqueues nothing).
             handle.remove()
             self._cancel_timer()
             self.spill.close()
 
     def settle(self) -> None:
         """The call is over for the executor: its worker goes back to the pool if it is known to
-        be idle (its result came through, or nothing was sent), else it is retired."""
+        be idle (its result came through, or nothing was sent), else it is retired.
+
+        A worker that may still run the call is never lent again: the next call would share it
+        with the leftovers of this one, and the worker's one-call-at-a-time rule would break."""
         if not self.lease.alive or self.retired:
             return
         if self.result_received or not self.dispatched:
@@ -600,6 +665,11 @@ class _RunningCall:
             case Signalled():
                 self._observe("on_signal", item.call_id, item.stage, item.at, item.targets)
             case Result():
+                # The call is over: the worker sends its result only after its sweep left none of
+                # the call's processes it can reach. An ``_ABORT`` still queued behind it is never
+                # read (the call ended on its own first, and keeps its own result). A result
+                # queued before the worker was written off is still taken; the pool drops only
+                # what it hears after deciding to kill the worker.
                 self.result_received = True
                 self.last_result = item
                 return self._from_result(item)
@@ -609,6 +679,8 @@ class _RunningCall:
             case WorkerGone():
                 return self._from_worker_gone(item)
             case _Abort():
+                # Running: the stop begins now. Stopping for a timeout: unchanged (same ladder,
+                # already under way). Lost: the worker is being killed; its exit answers the call.
                 timeline = self.timeline
                 if isinstance(timeline, Running):
                     await self._begin_stop("abort", self.signal.reason)
@@ -616,6 +688,8 @@ class _RunningCall:
                     # A cancel wins: the stop under way after a failure is now the turn's.
                     self.timeline = replace(timeline, why="abort", cause=self.signal.reason)
             case _Force():
+                # Every stage left, now, in order (``Stopping.send`` skips none). The re-check
+                # after each send is needed: a send that fails makes the timeline ``Lost``.
                 while isinstance(self.timeline, Stopping) and (
                     (stage := self.timeline.next_stage()) is not None
                 ):
@@ -626,6 +700,8 @@ class _RunningCall:
         return None
 
     def _observe(self, name: str, *args: Any) -> None:
+        # An observer that raises is andon's failure (the agent's observer writes the log): the
+        # call cannot be followed honestly any more, so it is stopped and answered INTERNAL.
         try:
             getattr(self.observer, name)(*args)
         except Exception as e:
@@ -644,6 +720,12 @@ class _RunningCall:
                 self._lose(f"andon could not stop the call after an internal error: {e!r}")
 
     def _lose(self, reason: str) -> None:
+        """Give up on the worker: kill it with the call's processes, and wait for its exit.
+
+        Idempotent (``Lost`` is final, the first reason stays). From here no stage is sent: the
+        worker is not trusted to apply one. The call is answered by the pool's ``WorkerGone``
+        for that exit, or, if none comes within ``kill_ack_timeout``, by the ``Lost`` deadline,
+        so an unkillable worker cannot hang the turn."""
         if not isinstance(self.timeline, Lost):
             self.timeline = Lost(reason, self.stop, self.clock.monotonic())
             self.retire(reason)
@@ -670,12 +752,16 @@ class _RunningCall:
         self._lose(f"andon could not send it a {what!r} message")
 
     async def _begin_stop(self, why: Why, cause: Cause | None) -> None:
+        # Only a running call begins a stop (callers check): a second reason to stop never
+        # restarts the ladder, so ``began`` and the stages sent stay those of the first.
         assert isinstance(self.timeline, Running)
         now = self.clock.monotonic()
         # A Python tool's first stage is its signal, whatever ``interrupt`` says of SIGINT.
         self.timeline = self.timeline.stop(
             why, cause, now, interrupt=self.grace.interrupt or self.python
         )
+        # The first stage is due at once (0 s): sent in this same item, not one tick later, so a
+        # cancel reaches the worker with no timer in between. The tick also re-arms the timer.
         await self._on_tick()
 
     async def _on_tick(self) -> ToolOutcome | None:
@@ -684,6 +770,7 @@ class _RunningCall:
         if isinstance(timeline, Running):
             deadline = timeline.deadline()
             if deadline is not None and now >= deadline:
+                # ``_begin_stop`` sends the interrupt and re-arms the timer itself.
                 await self._begin_stop("timeout", None)
                 return None
         elif isinstance(timeline, Stopping):
@@ -692,6 +779,7 @@ class _RunningCall:
                 and (stage := self.timeline.due(now, self.grace)) is not None
             ):
                 await self._send_stage(stage)
+            # Read again: the sends above may have lost the worker.
             stopping = self.timeline
             if (
                 isinstance(stopping, Stopping)
@@ -721,7 +809,11 @@ class _RunningCall:
         now = self.clock.monotonic()
         after = stopping.send(stage, now)
         if after is stopping:
-            return
+            return  # already sent (a force and a tick can both reach a stage)
+        # Recorded before the await: the stage counts as sent from the moment it is decided, so
+        # nothing handled later can send it again, and if the send fails the ``Lost`` that
+        # replaces this timeline still reports it. ``kill_in`` tells the worker how far off KILL
+        # is, so its own sweep never waits past it.
         self.timeline = after
         await self._send(
             Cancel(
@@ -733,7 +825,12 @@ class _RunningCall:
         )
 
     def _schedule(self) -> None:
-        """Arm one timer for the next deadline on the clock."""
+        """Arm one timer for the next deadline on the clock.
+
+        Called after every transition. The old timer is cancelled first, synchronously, so at
+        most one is armed; one that already fired has left a ``_TICK`` in the queue, which finds
+        nothing due, or what is due now, and does it.
+        """
         self._cancel_timer()
         timeline = self.timeline
         if isinstance(timeline, Running):

@@ -5,7 +5,7 @@ worker instead of ~100 ms for a fresh interpreter); the forkserver also hands ea
 registry (pickled with dill, so a tool defined in a user's script needs no import path). Each worker
 is held as a verified pidfd from the moment it exists and is signalled only through it.
 
-No worker holds a model API key (workers.md, Tool environment): the forkserver is exec'd without
+No worker holds a model API key (docs/workers.md, Tools): the forkserver is exec'd without
 them, and the workers and call processes are forks of it.
 """
 

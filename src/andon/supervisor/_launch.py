@@ -1,4 +1,5 @@
-"""The launcher seam: how the pool starts, watches and ends its workers (scale-out.md, Shape).
+"""The launcher seam: how the pool starts, watches and ends its workers (docs/scale-out.md, The
+launcher seam).
 
 The pool owns one ROUTER socket, the protocol and the leases; a launcher owns the processes. A
 worker is always the same program speaking the same protocol, wherever it runs: a fork of the

@@ -22,8 +22,13 @@ _STAGE_SIGNAL = {"interrupt": "SIGINT", "term": "SIGTERM", "kill": "SIGKILL"}
 
 @dataclass(frozen=True, slots=True)
 class StageMark:
-    stage: str  # interrupt | term | kill
-    since_stop: float  # seconds after the stop began
+    """One stage of the grace ladder that the executor sent, as the status line reports it."""
+
+    stage: str
+    """``interrupt``, ``term`` or ``kill``; a call's marks are in ladder order, each one once."""
+    since_stop: float
+    """Seconds from the stop's beginning to the send, on the executor's clock (the status line's
+    ``+2.00s``; ``tool/signal.at`` is the worker's own measure, from the call's start)."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,15 @@ class ToolOutcome:
     exit_signal: int | None = None
     ran: bool = False  # an exit status exists (the tool's process ran and ended)
     strays_killed: int = 0
-    unreachable: int = 0  # reported in content only: records.md has no field for it
+    unreachable: int = 0  # reported in content only: the log has no field for it
     output_bytes: int = 0
     output_file: str | None = None
     started: Started | None = None
     stages: tuple[StageMark, ...] = field(default=())
 
     def record_data(self) -> dict[str, Any]:
-        """The ``tool/result`` data of records.md (without ``turn`` and ``step``)."""
+        """The ``tool/result`` data (docs/log-format.md, Tool calls; without ``turn`` and
+        ``step``)."""
         data: dict[str, Any] = {
             "call_id": self.call_id,
             "content": self.content,

@@ -1,4 +1,4 @@
-"""Tool workers as Kubernetes Pods (scale-out.md, Engines; docs/scale-out.md, Kubernetes).
+"""Tool workers as Kubernetes Pods (docs/scale-out.md, Kubernetes).
 
 One Pod per worker, its only container running ``andon worker --connect tcp://…`` with the same
 image and entrypoint as :class:`ContainerLauncher`: the worker dials the pool over tcp + CURVE,

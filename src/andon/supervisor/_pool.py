@@ -76,7 +76,8 @@ POOL_CLOSED = "the worker pool was closed"
 
 HEARTBEAT_MISSES = 3
 """A worker (or a supervisor, seen from a worker) is lost after this many heartbeat intervals of
-silence: workers.md's default, 1 s interval and lost after 3 s."""
+silence: with the default 1 s interval, lost after 3 s (docs/scale-out.md,
+``andon worker --connect ENDPOINT``)."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ class WorkerPool:
     """``async with WorkerPool(config, registry) as pool: lease = await pool.acquire(signal)``.
 
     ``launcher`` starts the workers (default: :class:`ForkserverLauncher`, local forks). No worker
-    holds a model API key (workers.md, Tool environment): a launcher starts its workers without
+    holds a model API key (docs/workers.md, Tools): a launcher starts its workers without
     andon's key variables and without ``hide_env`` (a custom adapter's ``api_key_env``, a
     caller's ``secret_env``), and refuses (``WorkerError``) rather than start one that holds one.
     """
@@ -408,7 +409,7 @@ class WorkerPool:
         live = [w for w in workers if not w.ended and w.launched is not None]
         # Idle workers hold nothing (a call is answered only once its process group is empty):
         # they are ended at once, all together, instead of being asked to exit and waited on
-        # through their interpreters' teardown (cli.md, A fast exit).
+        # through their interpreters' teardown (docs/workers.md, Starting workers).
         idle = [w for w in live if w.lease is None]
         for worker in idle:
             worker.killed_on_purpose = True

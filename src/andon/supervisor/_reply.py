@@ -1,6 +1,6 @@
 """A streaming reply on its way in: assembled for the step (:class:`Reply`) and logged
 (:class:`ChunkLog`: every delta shown live at once, the log coalesced into ``assistant/chunk``
-records of at most 16 ms or 4 KiB, records.md)."""
+records of at most 16 ms or 4 KiB: docs/log-format.md, Streamed deltas)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from andon.supervisor._host import TurnHost
 __all__ = ["CHUNK_FLUSH_AFTER", "CHUNK_FLUSH_BYTES", "ChunkLog", "Reply"]
 
 CHUNK_FLUSH_AFTER = 0.016
-"""Seconds after its first delta that a buffered ``assistant/chunk`` record is written (records.md:
-at most one record per 16 ms or 4 KiB of deltas)."""
+"""Seconds after its first delta that a buffered ``assistant/chunk`` record is written
+(docs/log-format.md, Streamed deltas: at most one record per 16 ms or 4 KiB of deltas)."""
 CHUNK_FLUSH_BYTES = 4096
 """Bytes of buffered delta text (UTF-8) at which the record is written at once."""
 

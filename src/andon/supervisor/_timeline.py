@@ -6,6 +6,18 @@ for the turn's abort, the call's own timeout, or an internal failure of the exec
 still stops the call it can no longer follow, by the same ladder). Every deadline comes from
 :meth:`GracePolicy.deadline` on the executor's one clock; nothing here sends or sleeps, so the
 executor's loop is the only place with effects and a test can drive a timeline by hand.
+
+Invariants the executor relies on:
+
+* The value only moves forward: ``Running`` → ``Stopping`` → ``Lost``, or ``Running`` → ``Lost``;
+  nothing ever goes back to ``Running``, and ``Lost`` is final. Within ``Stopping`` the stages
+  only advance (:meth:`Stopping.send` of an earlier stage is a no-op), so a late tick, a force and
+  a timer cannot send a stage twice or out of order.
+* A transition replaces the whole value, so whoever reads the timeline (the status line, how the
+  call ended) sees one consistent state, never a stop half recorded.
+* Every time is a reading of the executor's one clock, and every deadline is computed from the
+  fields here and the call's :class:`GracePolicy`, never stored on its own: a deadline cannot
+  drift from the state it belongs to.
 """
 
 from __future__ import annotations
@@ -26,8 +38,14 @@ Why = Literal["abort", "timeout", "internal"]
 
 @dataclass(frozen=True, slots=True)
 class Running:
-    began: float  # when the run was sent
+    """The call runs (or is about to: the run is on its way); nothing has asked it to stop."""
+
+    began: float
+    """When the run was sent, on the executor's clock. The call's own timeout counts from here (the
+    model has waited since the send, however long the worker takes to spawn the tool)."""
     timeout: float | None
+    """The call's own timeout in seconds, chosen before dispatch and fixed for the call's life;
+    ``None`` or ``inf``: none, and :meth:`deadline` is ``None``."""
 
     def deadline(self) -> float | None:
         """When the call's own timeout starts the stop."""
@@ -44,12 +62,32 @@ class Running:
 
 @dataclass(frozen=True, slots=True)
 class Stopping:
+    """The call is being stopped on the grace ladder; the executor still waits for its result."""
+
     why: Why
+    """What began the stop. Set once, by :meth:`Running.stop`; the one later change is
+    ``internal`` → ``abort``, when the turn's cancel lands during a stop that began after a failure
+    inside the executor (a cancel wins: the call's result is then ``ABORTED``, its real drained
+    outcome). ``abort`` and ``timeout`` never change: a cancel during a timeout's stop leaves it
+    a timeout, since the ladder is the same and the call was already timing out."""
     cause: Cause | None
+    """What a Python tool's signal aborts with and what the status line names: the turn's cause
+    for ``abort``, :class:`Timeout` for ``timeout``, the executor's own hook cause for ``internal``
+    (``None`` only in type: an aborted signal always has its reason)."""
     began: float
-    next: int = 0  # index into STAGES of the next stage to send
+    """When the stop began, on the executor's clock. Never moves: every stage is due at ``began +
+    grace.deadline(stage)``, and each :class:`StageMark` is measured from here, so a force or a
+    late tick cannot shift the ladder."""
+    next: int = 0
+    """Index into :data:`STAGES` of the next stage to send; only grows. 1 when the stop skips the
+    interrupt (a shell call with ``interrupt=False``), ``len(STAGES)`` once KILL is sent."""
     sent: tuple[StageMark, ...] = ()
+    """Every stage sent, in order, with its seconds since :attr:`began`: what the result's status
+    line reports. It grows exactly when :attr:`next` does."""
     kill_sent_at: float | None = None
+    """When KILL was sent, on the executor's clock; ``None`` before. Set once. From then the worker
+    owes the call's end within the executor's ``kill_ack_timeout``, or it is written off
+    (``Lost``)."""
 
     def next_stage(self) -> CancelStage | None:
         return STAGES[self.next] if self.next < len(STAGES) else None
@@ -94,8 +132,13 @@ class Lost:
     be reached) and killed it; its exit is what ends the call."""
 
     reason: str
-    stop: Stopping | None  # the stop under way when it happened, if any
-    at: float  # when andon killed the worker
+    """Why andon gave up on the worker; the call's ``WORKER_LOST`` message says it."""
+    stop: Stopping | None
+    """The stop under way when it happened, if any, kept whole: the result still reports the
+    stages sent and why the call was being stopped."""
+    at: float
+    """When andon killed the worker, on the executor's clock. The pool's report of the worker's
+    exit normally answers the call first; :meth:`deadline` bounds the wait if it never comes."""
 
     def deadline(self, kill_ack_timeout: float) -> float:
         """When waiting for the killed worker's exit ends anyway: the call is answered then, so

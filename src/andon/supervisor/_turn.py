@@ -1,7 +1,8 @@
 """The turn driver: turns, steps, the streaming step with its salvaged prefix, and tool scheduling.
 
-This module is large on purpose: it is the one place where the ordering rules of agent-loop.md
-live together, and splitting them would scatter invariants that must be read side by side:
+This module is large on purpose: it is the one place where the ordering rules of a turn
+(docs/agent-loop.md) live together, and splitting them would scatter invariants that must be read
+side by side:
 
 * ``turn/end`` is written exactly once per turn, in a ``finally``; the final inbox re-check and
   the completed ``turn/end`` happen in one synchronous section (no ``await`` in between), so a
@@ -9,8 +10,8 @@ live together, and splitting them would scatter invariants that must be read sid
 * ``step/end`` is written in a ``finally`` too, after every tool call of the step has its result.
 * A failure is classified by ``signal.aborted``, never by the exception's type.
 * Every tool call gets exactly one result in its step, in model order, on every path.
-* The checkpoints (``throw_if_aborted``) sit where agent-loop.md puts them; the one before
-  handling every stream chunk is what makes an interrupt feel instant.
+* The checkpoints (``throw_if_aborted``) sit where docs/agent-loop.md (Cancel, Streaming)
+  puts them; the one before handling every stream chunk is what makes an interrupt feel instant.
 * Stream deltas reach subscribers one by one, as they arrive (live ``assistant/delta`` events),
   and the log coalesced (``_reply.ChunkLog``): whatever was shown is in an ``assistant/chunk``
   record before anything that ends or follows the stream is written.
@@ -337,8 +338,8 @@ class _Turn:
 
 
 class _InternalToolFailure(Exception):
-    """A call was answered ``INTERNAL`` (andon failed it, not the tool): records.md has the turn
-    end ``error`` then, once every call of the step has its result."""
+    """A call was answered ``INTERNAL`` (andon failed it, not the tool): the turn ends
+    ``error`` then (docs/log-format.md, Error codes), once every call of the step has its result."""
 
 
 class _Scheduler:

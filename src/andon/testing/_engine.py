@@ -1,6 +1,6 @@
 """Real containers for tests, ours and users': a private Podman API service, a tiny image made
 without a registry, and the read-only bind mounts that let it run this machine's Python and andon
-(scale-out.md, "The image").
+(docs/scale-out.md, What is tested, and how).
 
 Everything here speaks the Docker Engine API through docker-py (the ``containers`` extra), so the
 same tests run against Podman's compatible service or a real dockerd (``ANDON_TEST_ENGINE_URL``).

@@ -1,5 +1,5 @@
-"""A scripted, OpenAI-compatible streaming chat-completions server on 127.0.0.1 (llm.md, Mock
-server).
+"""A scripted, OpenAI-compatible streaming chat-completions server on 127.0.0.1 (docs/models.md,
+The mock server).
 
 ``MockModelServer(replies)`` serves the same reply dicts :class:`~andon.llm.Scripted` plays, one
 per ``POST …/chat/completions``, as real HTTP/1.1 with chunked Server-Sent Events, so adapter tests

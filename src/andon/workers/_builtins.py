@@ -1,4 +1,4 @@
-"""The built-in tools (workers.md, Built-in tools).
+"""The built-in tools (docs/workers.md, Tools).
 
 ``bash`` is a shell tool: the worker runs it in its own process group. The file tools are Python
 tools that run in the call's own call process, whose working directory is the session's for the

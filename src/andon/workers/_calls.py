@@ -3,7 +3,10 @@
 A shell call runs ``bash -c`` in a new session (its own process group); a Python call runs in a
 call process forked from the worker, in its own process group (``_pycall``). Either is inside the
 call's cgroup where there is one. The supervisor's executor owns the grace timeline and sends the
-stages; this module applies them with :class:`CallProcesses`, the one signalling function.
+stages; this module applies them. Every signal goes through :meth:`CallProcesses.stop` (its
+:meth:`~CallProcesses.signal` is the same for every member, strays included), which reaches
+processes only through :mod:`andon.base.procs`; a Python tool's interrupt is no signal at all but
+a cooperative cancel written to its call process's pipe (:meth:`CallProcess.cancel`).
 
 **A cancel is never lost.** One that arrives before the call's process exists (the call is still
 being validated, or is about to spawn) is kept, and the spawn does not happen: the result says the
@@ -85,13 +88,21 @@ class CallContext:
         self.worker_cgroup = worker_cgroup
         self.send = send
         self.started_at = time.monotonic()
+        """When the worker took the call (real time: the worker has no clock to share); the
+        ``at`` of every ``signalled`` report counts from here."""
         self.last_stage: CancelStage | None = None
-        # A stage that arrived before the call's process existed: the spawn then never happens.
+        """The strongest stage applied to the running call; only grows (``_later``). How the
+        call ended (``ended_by``) is the last stage that reached it before its leader exited."""
         self.requested: CancelStage | None = None
+        """A stage that arrived before the call's process existed; only grows. The spawn checks
+        it with no await in between and does not happen: a cancel is never lost."""
         self.cause: Cause | None = None
-        # When the supervisor's timeline sends KILL (each cancel says how far off it is); the
-        # sweep never waits past it. None: no stop under way, the sweep uses ``kill_after``.
+        """The first cause a cancel carried (never replaced): what a Python tool's signal aborts
+        with, however many stages follow."""
         self.kill_deadline: float | None = None
+        """When the supervisor's timeline sends KILL (each cancel says how far off it is), on the
+        worker's monotonic clock; only moves earlier. The sweep never waits past it. ``None``:
+        no stop under way, and the sweep waits ``kill_after``."""
         self.procs: CallProcesses | None = None
         self.call_process: CallProcess | None = None
         self._pending: list[Signalled] = []

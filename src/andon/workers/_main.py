@@ -1,12 +1,13 @@
 """The worker process: one tool call at a time, reached over a ZeroMQ DEALER socket.
 
-Start-up (workers.md, Worker lifecycle): become a child subreaper, leave the terminal's session,
-reset every signal disposition (a CI script may have started andon with SIGINT ignored), point fds
-0/1/2 at /dev/null and a worker log (a Python tool's ``print`` must never reach the supervisor's
-stdout), then say ``hello``. If the supervisor disappears, the worker SIGKILLs its call's processes
-at once and exits: no tool keeps writing after its log stopped. A local worker learns it from a
-pidfd on the supervisor; a worker elsewhere (a container, another host) from the supervisor's
-heartbeats stopping for longer than the deadline, and it gives up if no ``welcome`` comes at all.
+Start-up (docs/workers.md, Starting workers): become a child subreaper, leave the terminal's
+session, reset every signal disposition (a CI script may have started andon with SIGINT ignored),
+point fds 0/1/2 at /dev/null and a worker log (a Python tool's ``print`` must never reach the
+supervisor's stdout), then say ``hello``. If the supervisor disappears, the worker SIGKILLs its
+call's processes at once and exits: no tool keeps writing after its log stopped. A local worker
+learns it from a pidfd on the supervisor; a worker elsewhere (a container, another host) from the
+supervisor's heartbeats stopping for longer than the deadline, and it gives up if no ``welcome``
+comes at all.
 
 As a program (``andon worker --connect``, a container's main process), the worker also handles
 SIGTERM and SIGINT: it drains its call on the call's own grace timeline, sends the result, and

@@ -1,4 +1,4 @@
-"""A Python tool's call process (workers.md: "A Python tool never runs inside the reaping process").
+"""A Python tool's call process (docs/workers.md, Python tools run in call processes).
 
 Each Python call runs in a process forked from the warm worker, in its own process group (and the
 call's cgroup), exactly like a shell call's leader. It is not a subreaper, and it has no reaper:
