@@ -37,6 +37,11 @@ def benchmark_tree(append_to: str, width: int = 45) -> str:
     return "\n".join(
         [
             f"for i in $(seq 1 {width}); do sleep 1000 & done",
+            # Each job ignores SIGINT only once its forked shell has set that up, and it surely
+            # has once it runs sleep: before "ready" every job must, or a cancel that lands early
+            # kills some by SIGINT and the tree is not the one this stands for.
+            'for p in $(jobs -p); do while [ "$(cat /proc/$p/comm 2>/dev/null)" != sleep ]; '
+            "do sleep 0.01; done; done",
             "setsid sleep 1000 &",
             f"( setsid bash -c {shlex.quote(daemon)} & )",
             # wait until the daemon has written once, so it surely exists before "ready"
