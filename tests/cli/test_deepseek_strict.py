@@ -1,4 +1,5 @@
-"""DeepSeek V4's reasoning rule through the real CLI (llm.md, Reasoning): ``andon run`` and two
+"""DeepSeek V4's reasoning rule through the real CLI (docs/models.md, What is sent):
+``andon run`` and two
 ``andon resume``s against a local server that enforces the rule strictly (HTTP 400 exactly when an
 assistant message of a tool-using span lacks ``reasoning_content``), spoken to through a
 ``deepseek+URL#MODEL`` spec so that DeepSeek's thinking switch and rule apply to a custom URL."""

@@ -6,7 +6,7 @@ Each fixture is written by the real :class:`andon.session.SessionLog`, with a ma
 times look like a real run. Crashes are simulated by closing the writer where the process would
 have died (no closers); the torn tail and the corrupt middle are made the way a crash and a
 filesystem fault make them. A fixture is **never rewritten**: a format change adds a new fixture
-(records.md), so this script refuses to touch a folder that exists.
+(docs/log-format.md), so this script refuses to touch a folder that exists.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Shared test helpers: an agent-loop simulator that emits canonical record sequences, a validator
 for OpenAI-style requests, and small file utilities.
 
-The simulator (:class:`Sim`) follows the canonical sequences of records.md (claims, steps, tool
+The simulator (:class:`Sim`) follows docs/log-format.md, Typical sequences (claims, steps, tool
 calls in model order, cancels). The golden-fixture generator and the property tests both use it,
 so a fixture and a random log are built the same way.
 """

@@ -1,4 +1,4 @@
-"""Records: every record type of records.md converts to and from exactly its JSON."""
+"""Records: every record type of docs/log-format.md converts to and from exactly its JSON."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from andon.session import (
 )
 from tests.session.helpers import FIXTURES
 
-# The example lines of records.md, verbatim (one per record type, plus variants).
+# One example line per record type (one per record type, plus variants).
 RECORDS_MD = (Path(__file__).with_name("records_md_examples.jsonl")).read_text().splitlines()
 
 
@@ -108,7 +108,7 @@ def test_absent_optionals_are_omitted_and_markers_written_only_when_set() -> Non
         1, 1, AssistantReply((TextBlock("hi"),)), "aborted", interrupted=True
     )
     assert Record(7, 2.0, interrupted).to_dict()["data"]["interrupted"] is True
-    # torn_file is one of the fields records.md shows as null
+    # torn_file is one of the fields the format shows as null
     repaired = Record(8, 2.0, SessionRepaired(0, None, 2, 0)).to_dict()["data"]
     assert repaired == {"torn_bytes": 0, "torn_file": None, "closers": 2, "killed_leftovers": 0}
 

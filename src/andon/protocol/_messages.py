@@ -62,7 +62,8 @@ PROTOCOL_VERSION: Final = 3
 """The ``v`` of every header. A peer speaking another version is broken, not negotiated with."""
 
 # Closed sets of the wire. They are Literals rather than StrEnums because they travel as plain
-# strings and are copied into log records as they are (records.md uses the same spellings).
+# strings and are copied into log records as they are (the same spellings: docs/log-format.md,
+# Tool calls).
 Containment = Literal["cgroup", "subreaper", "pgroup"]
 Stream = Literal["stdout", "stderr"]
 CancelStage = Literal["interrupt", "term", "kill"]
@@ -250,7 +251,8 @@ class Signalled:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorInfo:
-    """The ``error`` of a result: present only for andon's own errors (records.md)."""
+    """The ``error`` of a result: present only for andon's own errors (docs/log-format.md, Error
+    codes)."""
 
     name: str
     code: ErrorCode

@@ -3,7 +3,7 @@
 A session is one folder; its log, ``events.jsonl``, is append-only and tells the truth: every turn
 that starts ends with exactly one ``turn/end`` saying how, every tool call has exactly one result in
 its step, and a crash never corrupts it (the next :func:`load` repairs it by appending closers).
-The exact JSON of every record is in ``design/records.md``; ``docs/log-format.md`` explains it.
+The exact JSON of every record is in docs/log-format.md, Records.
 
 Reading::
 

@@ -1,6 +1,6 @@
-"""The data of each record type but the tool records (records.md is authoritative).
+"""The data of each record type but the tool records (docs/log-format.md, Records).
 
-One frozen class per ``type``; ``to_json`` gives the exact ``data`` object of records.md and
+One frozen class per ``type``; ``to_json`` gives the exact ``data`` object of docs/log-format.md and
 ``from_json`` reads it back, keeping keys it does not know in ``extra``. The tool records are in
 ``_tool_events``; the envelope (``Record``) is in ``_records``.
 """

@@ -89,7 +89,7 @@ class TornTail:
 
 
 MAX_DEPTH = 100
-"""How deep arrays and objects may nest in one record. records.md's deepest is five; the bound
+"""How deep arrays and objects may nest in one record. The format's deepest is five; the bound
 keeps every later walk of a value (``json.dumps``, ``check``) far from Python's recursion limit."""
 _TOO_DEEP = f"is nested too deeply (more than {MAX_DEPTH} levels of arrays and objects)"
 

@@ -1,8 +1,8 @@
-"""Records: the typed form of every line of ``events.jsonl`` (records.md is authoritative).
+"""Records: the typed form of every line of ``events.jsonl`` (docs/log-format.md, Records).
 
 A :class:`Record` is the envelope (``seq``, ``time``, ``synthetic``, ``ignorable``) around one
 typed, frozen ``data`` value; ``record.type`` is the data's type string. ``Record.from_dict`` and
-``Record.to_dict`` convert to and from exactly the JSON of records.md, and :func:`encode_line` is
+``Record.to_dict`` convert to and from exactly that JSON, and :func:`encode_line` is
 the one place that turns a record into the bytes of a log line.
 
 Folds match on ``record.data`` (``case ToolCall(call_id=...)``), so the set of data classes is
@@ -147,7 +147,7 @@ class Record:
         return self.data.record_type
 
     def to_dict(self) -> dict[str, Any]:
-        """The exact JSON object of records.md."""
+        """The exact JSON object docs/log-format.md shows."""
         out: dict[str, Any] = {
             "seq": self.seq,
             "time": self.time,

@@ -130,8 +130,8 @@ class Tail:
             case StepEnd():
                 self.step = None
             case AssistantMessage(message=reply, interrupted=interrupted):
-                # Only the step's last reply counts (records.md); an interrupted prefix asks for
-                # nothing, whatever it holds.
+                # Only the step's last reply counts (docs/log-format.md, Replies); an
+                # interrupted prefix asks for nothing, whatever it holds.
                 if step is not None and not interrupted:
                     self.step = replace(step, requested=reply.tool_calls)
             case ToolCall(call_id=call_id) as call:

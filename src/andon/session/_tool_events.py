@@ -1,6 +1,7 @@
 """The data of the tool records: ``tool/call``, ``tool/started``, ``tool/signal``, ``tool/result``.
 
-Written by the executor (and ``tool/result`` also by crash repair); records.md has their JSON.
+Written by the executor (and ``tool/result`` also by crash repair); their JSON:
+docs/log-format.md, Tool calls.
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ class ToolSignal:
 class ToolResult:
     """``tool/result``: the one result of a call. ``content`` is what the model sees.
 
-    ``error`` is present only for andon errors (codes of records.md); ``exit`` only when a process
-    ran; ``output_file`` (relative to the session folder) when the output was spilled.
+    ``error`` is present only for andon errors (docs/log-format.md, Error codes);
+    ``exit`` only when a process ran; ``output_file`` (relative to the session folder) when the
+    output was spilled.
     """
 
     turn: int

@@ -1,8 +1,8 @@
 """The values records carry: messages, content blocks, tool outcomes and turn-end reasons.
 
-Every value is frozen and converts to and from the exact JSON of records.md (``to_json`` /
+Every value is frozen and converts to and from the exact JSON of docs/log-format.md (``to_json`` /
 ``from_json``). Absent optional fields are omitted on disk, never written as ``null``, except where
-records.md shows ``null`` (``exit.code``, ``exit.signal``). Keys this version does not know are
+the format shows ``null`` (``exit.code``, ``exit.signal``). Keys this version does not know are
 kept in ``extra`` and written back unchanged: reading a record and writing it again loses nothing.
 """
 
@@ -41,7 +41,7 @@ __all__ = [
     "reason_from_json",
 ]
 
-# --- closed sets (records.md) -------------------------------------------------------------------
+# --- closed sets (docs/log-format.md) -----------------------------------------------------------
 
 MessageSource: TypeAlias = Literal["user", "steer", "inject", "hook", "tool-context"]
 Finish: TypeAlias = Literal["stop", "tool_calls", "length", "aborted"]
@@ -181,7 +181,7 @@ class Fields:
         return value
 
     def req_num(self, key: str) -> float:
-        """A number of seconds (every float of records.md is a unix time or a span): finite,
+        """A number of seconds (every float of a record is a unix time or a span): finite,
         from 0 to :data:`MAX_SECONDS`."""
         value = self._take(key)
         if type(value) is not float and type(value) is not int:
@@ -428,7 +428,8 @@ class AssistantReply:
 
 @dataclass(frozen=True, slots=True)
 class ToolErrorInfo:
-    """``{name, code, message}`` of an andon error in a tool result (``code``: records.md)."""
+    """``{name, code, message}`` of an andon error in a tool result (``code``: docs/log-format.md,
+    Error codes)."""
 
     name: str
     code: str
