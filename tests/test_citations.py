@@ -19,6 +19,9 @@ DOCS = ROOT / "docs"
 _CITATION = re.compile(r"\bdocs/((?:[\w-]+/)*[\w-]+\.md)(?:,\s+([^);:]+))?")
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+# A document named without its folder (``session-log.md, Durability``): the code and the tests
+# cite the docs by their path, so a bare name is a document the repository does not have.
+_BARE = re.compile(r"""(?<![\w/.'"-])(?!README\.md)([\w-]+\.md)\b""")
 
 
 def _sources() -> list[Path]:
@@ -95,6 +98,20 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
     assert broken == []
 
 
+def test_the_code_names_no_document_without_its_folder() -> None:
+    me = Path(__file__).resolve()
+    code = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    code += (ROOT / "benchmarks").rglob("*.py")
+    bare = [
+        f"{path.relative_to(ROOT)}:{number}: {match[1]}"
+        for path in sorted(code)
+        if path != me
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for match in _BARE.finditer(line)
+    ]
+    assert bare == []
+
+
 def test_the_checks_see_a_broken_citation() -> None:
     models = DOCS / "models.md"
     assert _names_section("Errors and retries", models)
@@ -102,6 +119,9 @@ def test_the_checks_see_a_broken_citation() -> None:
     assert not _names_section("Wire format", models)
     wrapped = _CITATION.search(_flat("# (docs" + "/models.md, Errors\n    # and retries)"))
     assert wrapped is not None and wrapped[2] == "Errors and retries"
+    assert _BARE.findall("(session-log" + ".md, Durability) docs/ci.md README.md") == [
+        "session-log" + ".md"
+    ]
     assert _slug("Process identity: never touch a stranger") == (
         "process-identity-never-touch-a-stranger"
     )

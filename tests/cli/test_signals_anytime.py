@@ -1,4 +1,4 @@
-"""A signal at any moment is a stop like any other (cli.md, Signals).
+"""A signal at any moment is a stop like any other (docs/ci.md, Timeouts and cancellation).
 
 SIGINT and SIGTERM land at seeded moments across start-up (interpreter, argument parsing, pool
 start, log open) and across teardown (after the turn ended), to the pid and to the whole process

@@ -1,4 +1,4 @@
-"""`andon run --tool-timeout` end to end (workers.md, Built-in tools): the real executable, real
+"""`andon run --tool-timeout` end to end (docs/workers.md, Tools): the real executable, real
 workers, a scripted model, and the session log it writes.
 
 ``--tool-timeout`` is the default timeout of every tool call, ``bash`` included (whose own default

@@ -81,7 +81,7 @@ def test_a_message_cannot_be_changed() -> None:
         msg.reason = "other"  # type: ignore[misc]
 
 
-def test_closed_sets_match_records_md() -> None:
+def test_closed_sets_match_the_log_format() -> None:
     assert typing.get_args(Containment) == ("cgroup", "subreaper", "pgroup")
     assert typing.get_args(Stream) == ("stdout", "stderr")
     assert typing.get_args(CancelStage) == ("interrupt", "term", "kill")

@@ -1,4 +1,5 @@
-"""check(): every invariant of session-log.md, each violation with its seq and a readable reason."""
+"""check(): every rule a log always keeps (docs/log-format.md), each violation with its seq and
+a readable reason."""
 
 from __future__ import annotations
 

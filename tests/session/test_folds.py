@@ -173,7 +173,8 @@ def test_consumed_work_of_the_discarded_queue_fixture() -> None:
     assert work.end is not None and work.end["data"]["turn"] == 2
     assert work.end == records[33].to_dict()
     # turn 1's cancel discarded queued work too, but its turn/end came after the discard and,
-    # becoming the accounting end, reset dropped_unrun (session-log.md, Folds)
+    # becoming the accounting end, reset dropped_unrun (docs/log-format.md, What is derived from
+    # the log)
     first = fold_consumed_work(records[:19])
     assert first.end is not None and first.end["data"]["turn"] == 1
     assert not first.dropped_unrun

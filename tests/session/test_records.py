@@ -34,11 +34,11 @@ from andon.session import (
 from tests.session.helpers import FIXTURES
 
 # One example line per record type (one per record type, plus variants).
-RECORDS_MD = (Path(__file__).with_name("records_md_examples.jsonl")).read_text().splitlines()
+EXAMPLES = (Path(__file__).with_name("log_format_examples.jsonl")).read_text().splitlines()
 
 
-@pytest.mark.parametrize("line", RECORDS_MD)
-def test_records_md_examples_round_trip_exactly(line: str) -> None:
+@pytest.mark.parametrize("line", EXAMPLES)
+def test_log_format_examples_round_trip_exactly(line: str) -> None:
     obj = json.loads(line)
     record = Record.from_dict(obj)
     assert record.type == obj["type"]
@@ -47,8 +47,8 @@ def test_records_md_examples_round_trip_exactly(line: str) -> None:
     assert json.loads(encode_line(record)) == obj
 
 
-def test_records_md_covers_every_record_type() -> None:
-    assert {json.loads(line)["type"] for line in RECORDS_MD} == RECORD_TYPES
+def test_the_examples_cover_every_record_type() -> None:
+    assert {json.loads(line)["type"] for line in EXAMPLES} == RECORD_TYPES
 
 
 def _fixture_lines() -> list[bytes]:
@@ -148,7 +148,7 @@ def test_unknown_type_is_refused_unless_ignorable() -> None:
 
 
 def test_unknown_format_is_refused() -> None:
-    start = json.loads(RECORDS_MD[0])
+    start = json.loads(EXAMPLES[0])
     start["data"]["format"] = 2
     with pytest.raises(LogFormatUnsupported, match="format 2"):
         Record.from_dict(start)
@@ -161,7 +161,7 @@ def test_unknown_synthetic_marker_is_refused() -> None:
 
 
 def test_fields_a_newer_writer_added_are_kept() -> None:
-    raw = next(json.loads(line) for line in RECORDS_MD if '"tool/result"' in line)
+    raw = next(json.loads(line) for line in EXAMPLES if '"tool/result"' in line)
     raw["data"]["future"] = {"a": 1}
     raw["data"]["error"]["hint"] = "x"
     raw["extra_envelope"] = True
@@ -186,7 +186,7 @@ def test_malformed_fields_are_named(mutate: object, message: str) -> None:
 
 
 def test_closed_sets_are_checked() -> None:
-    raw = next(json.loads(line) for line in RECORDS_MD if '"tool/signal"' in line)
+    raw = next(json.loads(line) for line in EXAMPLES if '"tool/signal"' in line)
     raw["data"]["stage"] = "nuke"
     with pytest.raises(ValueError, match="stage is 'nuke'"):
         Record.from_dict(raw)

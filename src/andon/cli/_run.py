@@ -1,8 +1,8 @@
 """``andon run`` and ``andon resume``: one job, an honest exit code, nothing left running.
 
-Order matters here (cli.md, Signals): ``main`` handles signals from its first instruction
-(``andon.cli._signals``); the loop's handlers take over as the first thing on the event loop,
-before the log is opened or a worker starts, so that a Ctrl-C at any moment becomes a cancel
+Order matters here (docs/ci.md, Timeouts and cancellation): ``main`` handles signals from its first
+instruction (``andon.cli._signals``); the loop's handlers take over as the first thing on the event
+loop, before the log is opened or a worker starts, so that a Ctrl-C at any moment becomes a cancel
 rather than a ``KeyboardInterrupt`` that skips the clean-up; and after the loop the signals stay
 handled (recorded only) until the process exits. A signal that arrives before the agent exists
 means no agent is opened at all: no session folder, nothing started.

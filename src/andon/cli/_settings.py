@@ -1,5 +1,5 @@
 """Settings of ``andon run`` / ``andon resume``: flags win over ``ANDON_*`` variables, which win
-over ``andon.toml`` in the working directory (cli.md).
+over ``andon.toml`` in the working directory (docs/ci.md, Settings).
 
 ``andon.toml`` alone may also hold ``[prices."MODEL"]`` tables (``andon.cli._prices``): the prices
 the run's ``cost`` is computed with, beside or instead of the built-in ones.

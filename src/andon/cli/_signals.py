@@ -1,4 +1,5 @@
-"""Signals from the first instruction of ``main`` to the last (cli.md, Signals).
+"""Signals from the first instruction of ``main`` to the last (docs/ci.md, Timeouts and
+cancellation).
 
 A CI runner signals at any moment, often in the first second, often the whole process group. So
 the ``andon`` command keeps one :data:`LEDGER` of the signals it received, for the whole life of

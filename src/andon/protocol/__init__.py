@@ -1,7 +1,7 @@
 """The wire between the supervisor and its workers: messages, the msgpack codec, ZeroMQ framing,
 and CURVE (keys and a ZAP allow-list) for workers on other hosts.
 
-Imports only ``andon.base`` (and msgpack, zmq). See workers.md, Transport and Messages.
+Imports only ``andon.base`` (and msgpack, zmq). See docs/workers.md, The protocol.
 """
 
 from andon.protocol._checks import MAX_JSON_DEPTH

@@ -1,4 +1,5 @@
-"""The msgpack codec: a message is two frames, ``[header, payload]`` (workers.md, Transport).
+"""The msgpack codec: a message is two frames, ``[header, payload]`` (docs/workers.md, The
+protocol).
 
 * header: msgpack ``{"v": PROTOCOL_VERSION, "type": <tag>, "call_id"?: <str>}``. ``call_id`` is
   there whenever the message has a non-None one, so an error about a bad payload can still name
@@ -7,9 +8,9 @@
   ``GracePolicy`` is exactly its ``to_dict()``), tuples are arrays, bytes are msgpack ``bin``,
   floats are float64 (``inf`` survives).
 
-Decoding trusts nothing: a worker that sends a bad frame is broken and gets killed (workers.md),
-and a bad frame sent *to* a worker must be answered, never crash it. So ``decode`` raises only
-:class:`ProtocolError` subclasses, whatever the bytes:
+Decoding trusts nothing: a worker that sends a bad frame is broken and gets killed
+(docs/workers.md, The protocol), and a bad frame sent *to* a worker must be answered, never crash
+it. So ``decode`` raises only :class:`ProtocolError` subclasses, whatever the bytes:
 
 * size over the limit -> ``MessageTooLarge``, checked before anything is unpacked;
 * ``v`` other than ``PROTOCOL_VERSION`` -> ``VersionMismatch``;

@@ -6,7 +6,8 @@
 
 A DEALER-side receive raises the :class:`ProtocolError` (the worker answers it with ``error`` and
 keeps going). A ROUTER-side receive never raises one: it returns the error *with the sender's
-identity*, because the supervisor must know which worker is broken to kill it (workers.md).
+identity*, because the supervisor must know which worker is broken to kill it (docs/workers.md,
+The protocol).
 
 Over CURVE a ROUTER must also know *which key* sent a message, so that one worker cannot speak
 under another's identity: ``recv_routed(..., read_user_id=True)`` returns the ZAP user id the

@@ -1,4 +1,4 @@
-"""The wire messages between the supervisor and its workers (workers.md, Messages).
+"""The wire messages between the supervisor and its workers (docs/workers.md, The protocol).
 
 Every message is a frozen, slotted, keyword-only dataclass tagged with a ``type`` class variable
 (the ``type`` of the frame header). The codec (``_codec``) is generic: it reads the fields and

@@ -1,4 +1,4 @@
-"""The invariants of session-log.md, checked in one pass over a log.
+"""The rules of docs/log-format.md (The rules a log always keeps), checked in one pass over a log.
 
 1. ``seq`` is contiguous from 0; the first record is ``session/start``.
 2. Turns do not nest; ``turn/start`` carries the next number; every ``turn/start`` is matched by

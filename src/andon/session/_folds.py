@@ -165,7 +165,7 @@ class ConsumedWork:
 
 
 def fold_consumed_work(events: Events) -> ConsumedWork:
-    """Single pass, as session-log.md specifies.
+    """Single pass, as docs/log-format.md, What is derived from the log, describes.
 
     A splice with ``outcome: "canceled"``, a removal and nothing inserted sets ``dropped_unrun``;
     a claim (a splice without outcome removing items and inserting none, while a turn is open)

@@ -1,4 +1,4 @@
-"""Cold load and crash repair (session-log.md, Crash repair).
+"""Cold load and crash repair (docs/log-format.md, Crash repair).
 
 A process that dies by kill -9 runs no ``finally``: its log can end inside a turn, inside a step,
 with tool calls that have no result, and with half a line. Repair makes such a log balanced again

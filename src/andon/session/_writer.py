@@ -1,6 +1,6 @@
 """The log writer: one live process appends, durably, and never leaves a bad line behind.
 
-Written vs synced (session-log.md, Durability):
+Written vs synced (docs/log-format.md, Durability):
 
 * **Written.** ``append`` is one synchronous ``write`` of a whole line to a file opened
   ``O_APPEND``: never buffered in user space, so once it returns the kernel has the record and a
