@@ -19,14 +19,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from andon.base import CONTAINMENTS, ENDED_BY, MESSAGE_SOURCES, REPLY_FINISHES, SIGNAL_STAGES
 from andon.session import RECORD_TYPES, Record
-from andon.session._values import (
-    CONTAINMENTS,
-    ENDED_BY,
-    FINISHES,
-    MESSAGE_SOURCES,
-    SIGNAL_STAGES,
-)
 from tests.cli.support import (
     env,
     finish,
@@ -210,7 +204,7 @@ def test_the_schema_names_every_record_type_and_closed_set_of_the_code() -> None
             node = node[key]
         return set(node["enum"])
 
-    assert enum("assistant-message-data", "properties", "finish") == FINISHES
+    assert enum("assistant-message-data", "properties", "finish") == REPLY_FINISHES
     assert enum("tool-signal-data", "properties", "stage") == SIGNAL_STAGES
     assert enum("tool-result-data", "properties", "ended_by") == ENDED_BY
     assert enum("tool-started-data", "properties", "containment") == CONTAINMENTS

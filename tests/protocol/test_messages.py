@@ -11,21 +11,24 @@ from pathlib import Path
 import pytest
 
 import andon.protocol as protocol
-from andon.base import ErrorCode, GracePolicy
-from andon.protocol import (
-    MESSAGE_TYPES,
-    PROTOCOL_VERSION,
+from andon.base import (
     CancelStage,
     Containment,
     EndedBy,
+    ErrorCode,
+    GracePolicy,
+    SignalStage,
+    Stream,
+)
+from andon.protocol import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
     ErrorInfo,
     ErrorReply,
     Message,
     MessageType,
     Result,
     Run,
-    SignalStage,
-    Stream,
 )
 from andon.protocol._messages import MESSAGE_CLASSES
 

@@ -20,12 +20,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from andon import __version__
 from andon.base import (
     AndonError,
     ConfigError,
+    ContainmentSetting,
     LogCorrupted,
     LogFormatUnsupported,
     SessionLive,
@@ -128,9 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--insecure", action="store_true", help="plain tcp, without CURVE (loopback only)"
     )
-    worker.add_argument(
-        "--containment", choices=("auto", "cgroup", "subreaper", "pgroup"), default="auto"
-    )
+    worker.add_argument("--containment", choices=get_args(ContainmentSetting), default="auto")
     worker.add_argument(
         "--lifeline",
         action="store_true",

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
-from andon.base import MODEL_ERROR_CODES, ErrorCode, ModelError, ScriptInvalid
+from andon.base import FINISH_REASONS, MODEL_ERROR_CODES, ErrorCode, ModelError, ScriptInvalid
 from andon.llm._retry import code_for_status
 from andon.llm._types import (
     Chunk,
@@ -73,7 +73,7 @@ _USAGE_DETAILS: Final = {  # the counts andon reads first; the others are OpenAI
 }
 _USAGE_FIELDS: Final = (*_USAGE_COUNTS, *_USAGE_DETAILS)
 _ERROR_FIELDS: Final = ("status", "retry_after", "message", "code")
-_FINISHES: Final[tuple[FinishReason, ...]] = ("stop", "tool_calls", "length")
+_FINISHES: Final = FINISH_REASONS
 _MODEL_CODES: Final = {code.value: code for code in MODEL_ERROR_CODES}
 
 

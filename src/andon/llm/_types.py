@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
-from andon.base import AbortSignal, ModelError
+from andon.base import AbortSignal, FinishReason, ModelError
 
 __all__ = [
     "Chunk",
@@ -32,7 +32,6 @@ __all__ = [
     "Usage",
 ]
 
-FinishReason: TypeAlias = Literal["stop", "tool_calls", "length"]
 """Why a reply ended normally. Provider finishes that are failures (``content_filter`` ...) are
 raised as :class:`~andon.base.ModelError`, never delivered as a :class:`Finish`."""
 

@@ -29,17 +29,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
 
-from andon.base import ErrorCode, GracePolicy
+from andon.base import (
+    CancelStage,
+    Containment,
+    EndedBy,
+    ErrorCode,
+    GracePolicy,
+    SignalStage,
+    Stream,
+)
 
 __all__ = [
-    "CANCEL_STAGES",
     "OUTPUT_WINDOW",
     "PROTOCOL_VERSION",
     "Ack",
     "Cancel",
-    "CancelStage",
-    "Containment",
-    "EndedBy",
     "ErrorInfo",
     "ErrorReply",
     "Heartbeat",
@@ -51,36 +55,14 @@ __all__ = [
     "Result",
     "Run",
     "Shutdown",
-    "SignalStage",
     "Signalled",
     "Started",
-    "Stream",
     "Welcome",
 ]
 
 PROTOCOL_VERSION: Final = 3
 """The ``v`` of every header. A peer speaking another version is broken, not negotiated with."""
 
-# Closed sets of the wire. They are Literals rather than StrEnums because they travel as plain
-# strings and are copied into log records as they are (the same spellings: docs/log-format.md,
-# Tool calls).
-Containment = Literal["cgroup", "subreaper", "pgroup"]
-Stream = Literal["stdout", "stderr"]
-CancelStage = Literal["interrupt", "term", "kill"]
-CANCEL_STAGES: Final[tuple[CancelStage, ...]] = ("interrupt", "term", "kill")
-"""The stages in the order a stop sends them; a later one supersedes an earlier one."""
-SignalStage = Literal["interrupt", "term", "kill", "sweep-term", "sweep-kill"]
-EndedBy = Literal[
-    "exit",
-    "interrupt",
-    "term",
-    "kill",
-    "timeout-interrupt",
-    "timeout-term",
-    "timeout-kill",
-    "worker-lost",
-    "not-run",
-]
 MessageType = Literal[
     "hello",
     "welcome",

@@ -11,11 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias
 
+from andon.base import REPLY_FINISHES, ReplyFinish
 from andon.session._values import (
-    FINISHES,
     AssistantReply,
     Fields,
-    Finish,
     ModelInfo,
     TurnEndReason,
     UserMessage,
@@ -411,7 +410,7 @@ class AssistantMessage:
     turn: int
     step: int
     message: AssistantReply
-    finish: Finish
+    finish: ReplyFinish
     usage: Mapping[str, Any] | None = None
     interrupted: bool = False
     dropped_tool_calls: int | None = None
@@ -437,7 +436,7 @@ class AssistantMessage:
     def from_json(cls, f: Fields) -> AssistantMessage:
         turn, step = f.req_int("turn"), f.req_int("step")
         message = AssistantReply.from_json(f.req_obj("message"), f"{f.where}.message")
-        finish: Any = f.req_choice("finish", FINISHES)
+        finish: Any = f.req_choice("finish", REPLY_FINISHES)
         usage = f.opt_obj("usage")
         interrupted = f.flag("interrupted")
         dropped = f.opt_int("dropped_tool_calls")

@@ -10,15 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from andon.base import CONTAINMENTS, ENDED_BY, SIGNAL_STAGES, Containment, EndedBy, SignalStage
 from andon.session._values import (
-    CONTAINMENTS,
-    ENDED_BY,
-    SIGNAL_STAGES,
-    Containment,
-    EndedBy,
     ExitStatus,
     Fields,
-    SignalStage,
     ToolErrorInfo,
     extra_field,
     with_extra,

@@ -6,7 +6,7 @@ import time as _time
 from collections.abc import Iterable, Mapping
 from typing import Any, assert_never
 
-from andon.base import ErrorCode
+from andon.base import ENDED_BY, ErrorCode
 from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
@@ -36,17 +36,8 @@ __all__ = ["render_transcript"]
 
 OUTPUT_HEAD = 4
 OUTPUT_TAIL = 8  # a build's error is at its end: the tail is what a reader needs most
-_STOPPING = frozenset(
-    (
-        "interrupt",
-        "term",
-        "kill",
-        "timeout-interrupt",
-        "timeout-term",
-        "timeout-kill",
-        "worker-lost",
-    )
-)
+# Every way a call can end but its own exit and never running: something stopped it.
+_STOPPING = ENDED_BY - {"exit", "not-run"}
 _STAGE_SIGNAL = {
     "interrupt": "SIGINT",
     "term": "SIGTERM",

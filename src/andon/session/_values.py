@@ -14,71 +14,32 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, Literal, TypeAlias, assert_never
 
-from andon.base import Cause, cause_from_dict
+from andon.base import (
+    MESSAGE_SOURCES,
+    Cause,
+    MessageSource,
+    cause_from_dict,
+)
 
 __all__ = [
     "AssistantReply",
     "Block",
     "Blocked",
     "Completed",
-    "EndedBy",
     "ExitStatus",
-    "Finish",
     "Interrupted",
     "MaxTokens",
-    "MessageSource",
     "ModelInfo",
     "ReasoningBlock",
-    "SignalStage",
     "TextBlock",
     "ToolCallBlock",
     "ToolErrorInfo",
     "TurnAborted",
-    "TurnEndKind",
     "TurnEndReason",
     "TurnFailed",
     "UserMessage",
     "reason_from_json",
 ]
-
-# --- closed sets (docs/log-format.md) -----------------------------------------------------------
-
-MessageSource: TypeAlias = Literal["user", "steer", "inject", "hook", "tool-context"]
-Finish: TypeAlias = Literal["stop", "tool_calls", "length", "aborted"]
-SignalStage: TypeAlias = Literal["interrupt", "term", "kill", "sweep-term", "sweep-kill"]
-EndedBy: TypeAlias = Literal[
-    "exit",
-    "interrupt",
-    "term",
-    "kill",
-    "timeout-interrupt",
-    "timeout-term",
-    "timeout-kill",
-    "worker-lost",
-    "not-run",
-]
-Containment: TypeAlias = Literal["cgroup", "subreaper", "pgroup"]
-TurnEndKind: TypeAlias = Literal[
-    "completed", "max-tokens", "blocked", "aborted", "error", "interrupted"
-]
-
-MESSAGE_SOURCES: frozenset[str] = frozenset(("user", "steer", "inject", "hook", "tool-context"))
-FINISHES: frozenset[str] = frozenset(("stop", "tool_calls", "length", "aborted"))
-SIGNAL_STAGES: frozenset[str] = frozenset(("interrupt", "term", "kill", "sweep-term", "sweep-kill"))
-ENDED_BY: frozenset[str] = frozenset(
-    (
-        "exit",
-        "interrupt",
-        "term",
-        "kill",
-        "timeout-interrupt",
-        "timeout-term",
-        "timeout-kill",
-        "worker-lost",
-        "not-run",
-    )
-)
-CONTAINMENTS: frozenset[str] = frozenset(("cgroup", "subreaper", "pgroup"))
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 

@@ -44,6 +44,7 @@ from andon.base import (
     Disposed,
     Hook,
     LogWriteFailed,
+    MessageSource,
     SystemClock,
     Timer,
     message_id,
@@ -307,14 +308,14 @@ class Agent:
 
     # -- sends and waking --------------------------------------------------------------------
 
-    def _send(self, text: str, target: Target, *, wakes: bool, source: str) -> str:
+    def _send(self, text: str, target: Target, *, wakes: bool, source: MessageSource) -> str:
         if self._closing:
             raise AgentClosed()
         if self._failure is not None:
             raise self._failure
         if not isinstance(text, str):
             raise TypeError("a message is a string")
-        message = UserMessage(message_id(), text, source)  # type: ignore[arg-type]
+        message = UserMessage(message_id(), text, source)
         phase = self._phase
         waking_after_abort = (
             wakes and not isinstance(phase, _Idle) and phase.controller.signal.aborted

@@ -54,12 +54,14 @@ from typing import Any
 from andon.base import (
     Aborted,
     AbortSignal,
+    CancelStage,
     Cause,
     Clock,
     ErrorCode,
     GracePolicy,
     Hook,
     MessageTooLarge,
+    SignalStage,
     SystemClock,
     Timer,
     WorkerError,
@@ -71,7 +73,6 @@ from andon.protocol import (
     OUTPUT_WINDOW,
     Ack,
     Cancel,
-    CancelStage,
     ErrorInfo,
     ErrorReply,
     Message,
@@ -139,7 +140,7 @@ class ExecutionObserver:
     def on_started(self, started: Started, worker: str) -> None:
         """Worker ``worker`` reports the tool's process exists (``tool/started``)."""
 
-    def on_signal(self, call_id: str, stage: str, at: float, targets: int) -> None:
+    def on_signal(self, call_id: str, stage: SignalStage, at: float, targets: int) -> None:
         """A grace stage or sweep signal was sent (``tool/signal``)."""
 
     def on_output(self, call_id: str, data: bytes) -> None:

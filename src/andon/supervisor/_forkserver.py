@@ -23,7 +23,7 @@ import multiprocess
 import multiprocess.context
 from multiprocess import popen_forkserver, spawn
 
-from andon.base import WorkerError, procs
+from andon.base import Containment, ContainmentSetting, WorkerError, procs
 from andon.protocol import Started
 from andon.supervisor._launch import (
     LaunchedWorker,
@@ -34,8 +34,6 @@ from andon.supervisor._launch import (
 )
 from andon.workers import (
     CgroupTree,
-    ContainmentMode,
-    ContainmentSetting,
     WorkerOptions,
     cgroup2_root,
     detect_mode,
@@ -71,7 +69,7 @@ class ForkserverLauncher(WorkerLauncher):
         *,
         worker_fault: Literal["garbage-after-started"] | None = None,
     ) -> None:
-        self.containment: ContainmentMode = detect_mode(containment)
+        self.containment: Containment = detect_mode(containment)
         self._fault = worker_fault
         self._setup: PoolSetup | None = None
         self._hidden: frozenset[str] = frozenset()

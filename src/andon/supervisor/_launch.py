@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from andon.base import procs
+from andon.base import Containment, procs
 from andon.protocol import CurveKeys, Started
-from andon.workers import ContainmentMode, ToolRegistry
+from andon.workers import ToolRegistry
 
 __all__ = [
     "LaunchedWorker",
@@ -154,7 +154,7 @@ class WorkerLauncher(abc.ABC):
     be found by its tag and killed from here. Otherwise the launcher's ``kill`` is the backstop."""
     lost_call_note: str = "the worker stops the call's processes when it loses the supervisor"
     """What becomes of a lost worker's call, in the words its ``WORKER_LOST`` result gives."""
-    containment: ContainmentMode | None = None
+    containment: Containment | None = None
     """The containment mode its workers use, where the launcher decides it (local workers)."""
 
     async def open(self, setup: PoolSetup) -> None:  # noqa: B027 - optional

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from andon.base import Cause, ErrorCode
-from andon.protocol import EndedBy, ErrorInfo, Started
+from andon.base import Cause, EndedBy, ErrorCode
+from andon.protocol import ErrorInfo, Started
 
 __all__ = ["StageMark", "ToolOutcome", "format_output", "not_run", "status_line"]
 

@@ -42,7 +42,14 @@ from urllib.parse import urlsplit
 import zmq
 import zmq.asyncio
 
-from andon.base import AbortSignal, ConfigError, ProtocolError, WorkerError, procs
+from andon.base import (
+    AbortSignal,
+    ConfigError,
+    ContainmentSetting,
+    ProtocolError,
+    WorkerError,
+    procs,
+)
 from andon.llm import API_KEY_ENV_VARS
 from andon.protocol import (
     PROTOCOL_VERSION,
@@ -65,7 +72,7 @@ from andon.protocol import (
 )
 from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
-from andon.workers import ContainmentSetting, ToolRegistry
+from andon.workers import ToolRegistry
 
 __all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from andon.base import Clock, Timer
-from andon.llm import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from andon.llm import Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from andon.session import AssistantChunk, ReasoningBlock, TextBlock
 from andon.supervisor._host import TurnHost
 
@@ -44,7 +44,7 @@ class Reply:
     segments: list[_Segment] = field(default_factory=list)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # arguments: list of pieces
     usage: dict[str, Any] | None = None
-    finish: str | None = None
+    finish: FinishReason | None = None
 
     def add(self, chunk: object) -> dict[str, Any] | None:
         """Fold one chunk in; return the delta as ``assistant/chunk`` logs it, if it is one."""

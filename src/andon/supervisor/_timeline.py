@@ -26,8 +26,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from andon.base import Cause, GracePolicy, Timeout
-from andon.protocol import CANCEL_STAGES, CancelStage
+from andon.base import CANCEL_STAGES, CancelStage, Cause, GracePolicy, Timeout
 from andon.supervisor._outcome import StageMark
 
 __all__ = ["STAGES", "Lost", "Running", "Stopping", "Timeline", "Why"]

@@ -32,6 +32,8 @@ from andon.base import (
     Hook,
     LogWriteFailed,
     ModelError,
+    ReplyFinish,
+    SignalStage,
     any_signal,
     call_id,
 )
@@ -293,7 +295,7 @@ class _Turn:
             )
 
     async def _commit(self, reply: Reply) -> _StepOutcome:
-        finish = reply.finish or "stop"
+        finish: ReplyFinish = reply.finish or "stop"
         blocks: list[Any] = [
             TextBlock(s.text) if s.kind == "text" else ReasoningBlock(s.text)
             for s in reply.segments
@@ -323,7 +325,7 @@ class _Turn:
                 self.turn,
                 self.step,
                 AssistantReply(tuple(blocks)),
-                finish,  # type: ignore[arg-type]
+                finish,
                 usage=reply.usage,
                 dropped_tool_calls=dropped,
             )
@@ -531,9 +533,9 @@ class _LogObserver(ExecutionObserver):
             )
         )
 
-    def on_signal(self, call_id: str, stage: str, at: float, targets: int) -> None:
+    def on_signal(self, call_id: str, stage: SignalStage, at: float, targets: int) -> None:
         t = self.turn
-        t.write(ToolSignal(t.turn, t.step, call_id, stage, round(at, 6), targets))  # type: ignore[arg-type]
+        t.write(ToolSignal(t.turn, t.step, call_id, stage, round(at, 6), targets))
 
     def on_output(self, call_id: str, data: bytes) -> None:
         self.turn.host.log.publish(

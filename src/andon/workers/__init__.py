@@ -3,8 +3,6 @@
 from andon.workers._builtins import BASH, default
 from andon.workers._containment import (
     CgroupTree,
-    ContainmentMode,
-    ContainmentSetting,
     cgroup2_root,
     detect_mode,
 )
@@ -32,8 +30,6 @@ __all__ = [
     "KEYS_END",
     "ArgumentError",
     "CgroupTree",
-    "ContainmentMode",
-    "ContainmentSetting",
     "Tool",
     "ToolKind",
     "ToolRegistry",

@@ -32,24 +32,30 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
-from andon.base import Cause, ErrorCode, User, cause_from_dict
+from andon.base import (
+    CANCEL_STAGES,
+    CancelStage,
+    Cause,
+    Containment,
+    EndedBy,
+    ErrorCode,
+    SignalStage,
+    User,
+    cause_from_dict,
+)
 from andon.base import procs as _procs
 from andon.protocol import (
-    CANCEL_STAGES,
     OUTPUT_WINDOW,
     Cancel,
-    CancelStage,
-    EndedBy,
     ErrorInfo,
     Message,
     Output,
     Result,
     Run,
     Signalled,
-    SignalStage,
     Started,
 )
-from andon.workers._containment import CgroupTree, ContainmentMode
+from andon.workers._containment import CgroupTree
 from andon.workers._group import CallProcesses
 from andon.workers._output import HeadTail
 from andon.workers._pycall import CallProcess, Outcome
@@ -75,7 +81,7 @@ class CallContext:
         *,
         registry: ToolRegistry,
         reaper: Reaper,
-        mode: ContainmentMode,
+        mode: Containment,
         cgroups: CgroupTree | None,
         worker_cgroup: Path | None,
         send: Send,
@@ -521,7 +527,7 @@ def _no_outcome(status: ExitStatus, *, stopped: bool) -> Outcome:
     )
 
 
-def kill_everything(ctx: CallContext | None, reaper: Reaper, mode: ContainmentMode) -> None:
+def kill_everything(ctx: CallContext | None, reaper: Reaper, mode: Containment) -> None:
     """Emergency stop (the supervisor vanished): SIGKILL the call's group, strays and cgroup."""
     if ctx is not None and ctx.procs is not None:
         ctx.procs.signal(_signal.SIGKILL)

@@ -18,20 +18,16 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from andon.base import procs
+from andon.base import Containment, ContainmentSetting, procs
 
 __all__ = [
     "CgroupTree",
-    "ContainmentMode",
     "cgroup2_root",
     "detect_mode",
     "set_child_subreaper",
 ]
 
-ContainmentMode = Literal["cgroup", "subreaper", "pgroup"]
-ContainmentSetting = Literal["auto", "cgroup", "subreaper", "pgroup"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -63,7 +59,7 @@ def _has_kill_support(root: Path) -> bool:
     return (major, minor) >= (5, 14) and (root / "cgroup.procs").exists()
 
 
-def detect_mode(setting: ContainmentSetting = "auto") -> ContainmentMode:
+def detect_mode(setting: ContainmentSetting = "auto") -> Containment:
     """The strongest mode available (for ``auto``) or the one forced, if it is available.
 
     ``ValueError`` if a forced mode is not available here.

@@ -22,9 +22,8 @@ import os
 import signal as _signal
 from pathlib import Path
 
-from andon.base import procs
+from andon.base import Containment, procs
 from andon.base.procs import ProcInfo
-from andon.workers._containment import ContainmentMode
 from andon.workers._reaper import Reaper
 
 __all__ = ["CallProcesses"]
@@ -34,7 +33,7 @@ class CallProcesses:
     def __init__(
         self,
         *,
-        mode: ContainmentMode,
+        mode: Containment,
         worker_pid: int,
         reaper: Reaper,
         pgid: int | None = None,

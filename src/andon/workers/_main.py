@@ -32,12 +32,11 @@ from typing import Literal
 import zmq
 import zmq.asyncio
 
-from andon.base import ProtocolError
+from andon.base import CancelStage, Containment, ContainmentSetting, ProtocolError
 from andon.protocol import (
     PROTOCOL_VERSION,
     Ack,
     Cancel,
-    CancelStage,
     CurveKeys,
     ErrorReply,
     Heartbeat,
@@ -55,8 +54,6 @@ from andon.protocol import (
 from andon.workers._calls import CallContext, internal_error_result, kill_everything, run_call
 from andon.workers._containment import (
     CgroupTree,
-    ContainmentMode,
-    ContainmentSetting,
     cgroup2_root,
     detect_mode,
     set_child_subreaper,
@@ -150,7 +147,7 @@ class _Stop(Exception):
 
 
 class Worker:
-    def __init__(self, options: WorkerOptions, mode: ContainmentMode) -> None:
+    def __init__(self, options: WorkerOptions, mode: Containment) -> None:
         self.options = options
         self.mode = mode
         self.reaper = Reaper()

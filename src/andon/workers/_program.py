@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from andon.base import ConfigError
+from andon.base import ConfigError, ContainmentSetting
 from andon.protocol import CurveKeys, is_loopback, load_keys
 from andon.workers._builtins import default
-from andon.workers._containment import ContainmentSetting
 from andon.workers._main import WorkerOptions, leave_session_and_reset_signals, worker_main
 from andon.workers._registry import Tool, ToolRegistry
 
