@@ -32,8 +32,8 @@ from typing import Any, Final
 
 import msgpack
 
-from andon.base import MalformedFrame, MessageTooLarge, UnknownMessage, VersionMismatch
-from andon.protocol._checks import Checker, Invalid, dataclass_checker, kind, preview
+from andon.base import Invalid, MalformedFrame, MessageTooLarge, UnknownMessage, VersionMismatch
+from andon.protocol._checks import Checker, dataclass_checker, kind, preview
 from andon.protocol._messages import MESSAGE_CLASSES, PROTOCOL_VERSION, Message
 
 __all__ = ["DEFAULT_MAX_BYTES", "MESSAGE_TYPES", "decode", "encode"]

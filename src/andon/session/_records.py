@@ -14,11 +14,12 @@ closed: :data:`EventData`. A record of a type this version does not know is refu
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import typing
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
-from andon.base import LogFormatUnsupported
+from andon.base import LogFormatUnsupported, catch_all
 from andon.session._events import (
     AssistantChunk,
     AssistantMessage,
@@ -35,7 +36,7 @@ from andon.session._events import (
     UserMessageEntered,
 )
 from andon.session._tool_events import ToolCall, ToolResult, ToolSignal, ToolStarted
-from andon.session._values import Fields, check_pid, extra_field, with_extra
+from andon.session._values import OMIT, LogValue, RecordData
 
 __all__ = [
     "FORMAT_VERSION",
@@ -101,7 +102,7 @@ EventData: TypeAlias = (
     | Unrecognized
 )
 
-_KNOWN: tuple[type[Any], ...] = (
+_KNOWN: tuple[type[RecordData], ...] = (
     SessionStart,
     SessionResumed,
     SessionRepaired,
@@ -120,10 +121,22 @@ _KNOWN: tuple[type[Any], ...] = (
     ToolSignal,
     ToolResult,
 )
-_PARSERS: dict[str, Callable[[Fields], EventData]] = {c.record_type: c.from_json for c in _KNOWN}
+_CLASSES: dict[str, type[RecordData]] = {c.record_type: c for c in _KNOWN}
 
-RECORD_TYPES: frozenset[str] = frozenset(_PARSERS)
+RECORD_TYPES: frozenset[str] = frozenset(_CLASSES)
 """Every record type this version reads and writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Envelope(LogValue):
+    """A line as it stands, before its ``data`` is read as the class its ``type`` names."""
+
+    seq: int
+    time: float
+    type: str
+    data: Mapping[str, Any]
+    synthetic: Annotated[str | None, OMIT] = None
+    ignorable: Annotated[bool, OMIT] = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +152,7 @@ class Record:
     data: EventData
     synthetic: Literal["repair"] | None = None
     ignorable: bool = False
-    extra: Mapping[str, Any] = extra_field()
+    extra: Mapping[str, Any] = catch_all()
 
     @property
     def type(self) -> str:
@@ -147,18 +160,17 @@ class Record:
         return self.data.record_type
 
     def to_dict(self) -> dict[str, Any]:
-        """The exact JSON object docs/log-format.md shows."""
-        out: dict[str, Any] = {
-            "seq": self.seq,
-            "time": self.time,
-            "type": self.data.record_type,
-            "data": self.data.to_json(),
-        }
-        if self.synthetic is not None:
-            out["synthetic"] = self.synthetic
-        if self.ignorable:
-            out["ignorable"] = True
-        return with_extra(out, self.extra)
+        """The exact JSON object of docs/log-format.md, Records."""
+        envelope = _Envelope(
+            self.seq,
+            self.time,
+            self.data.record_type,
+            self.data.to_json(),
+            self.synthetic,
+            self.ignorable,
+            extra=self.extra,
+        )
+        return envelope.to_json()
 
     @classmethod
     def from_dict(cls, obj: object, *, session: str | None = None) -> Record:
@@ -167,61 +179,44 @@ class Record:
         ``ValueError`` names a malformed field; ``LogFormatUnsupported`` an unknown type (unless the
         record is ignorable), an unknown ``synthetic`` marker or an unknown ``format``.
         """
-        f = Fields(obj, "record")
-        seq = f.req_int("seq")
-        where = f"record {seq}"
-        f.where = where
-        time = f.req_num("time")
-        type_ = f.req_str("type")
-        data_obj = f.req_obj("data")
-        ignorable = f.flag("ignorable")
-        synthetic = f.opt_str("synthetic")
-        if synthetic is not None and synthetic != "repair":
+        # Errors name the record by its seq as soon as there is one to name it by.
+        seq = obj.get("seq") if isinstance(obj, dict) else None
+        where = f"record {seq}" if type(seq) is int else "record"
+        line = _Envelope.from_json(obj, where)
+        where = f"record {line.seq}"
+        type_ = line.type
+        if line.synthetic is not None and line.synthetic != "repair":
             raise LogFormatUnsupported(
-                f"{where} ({type_}) is marked synthetic {synthetic!r}, which this version of andon "
-                "does not know; it was written by a newer andon",
+                f"{where} ({type_}) is marked synthetic {line.synthetic!r}, which this version of "
+                "andon does not know; it was written by a newer andon",
                 session=session,
-                seq=seq,
+                seq=line.seq,
                 record_type=type_,
             )
-        parser = _PARSERS.get(type_)
+        known = _CLASSES.get(type_)
         data: EventData
-        if parser is None:
-            if not ignorable:
+        if known is None:
+            if not line.ignorable:
                 raise LogFormatUnsupported(
                     f"{where} has type {type_!r}, which this version of andon does not know and "
                     "which is not marked ignorable; it was written by a newer andon",
                     session=session,
-                    seq=seq,
+                    seq=line.seq,
                     record_type=type_,
                 )
-            data = Unrecognized(type_, data_obj)
+            data = Unrecognized(type_, line.data)
         else:
-            data = parser(Fields(data_obj, f"{where} ({type_}) data"))
-            _check_process_ids(data, f"{where} ({type_}) data")
+            data = typing.cast(EventData, known.from_json(line.data, f"{where} ({type_}) data"))
             if isinstance(data, SessionStart) and data.format not in SUPPORTED_FORMATS:
                 raise LogFormatUnsupported(
                     f"the session log has format {data.format}; this version of andon reads format "
                     f"{FORMAT_VERSION} only",
                     session=session,
-                    seq=seq,
+                    seq=line.seq,
                     record_type=type_,
                 )
-        return cls(seq, time, data, "repair" if synthetic else None, ignorable, f.extra())
-
-
-def _check_process_ids(data: EventData, where: str) -> None:
-    """Refuse a process id no kernel hands out, once, where the record is read: crash repair
-    looks the ids of ``tool/started`` up and signals what it finds, and to ``kill`` 0 or a
-    negative number is a whole process group, so nothing after the reader may see one."""
-    match data:
-        case ToolStarted(pid=pid, pgid=pgid):
-            check_pid(pid, f"{where}.pid")
-            check_pid(pgid, f"{where}.pgid")
-        case SessionStart(pid=pid) | SessionResumed(pid=pid):
-            check_pid(pid, f"{where}.pid")
-        case _:
-            pass
+        synthetic: Literal["repair"] | None = "repair" if line.synthetic else None
+        return cls(line.seq, line.time, data, synthetic, line.ignorable, extra=line.extra)
 
 
 def encode_line(record: Record) -> bytes:

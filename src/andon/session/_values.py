@@ -1,9 +1,13 @@
 """The values records carry: messages, content blocks, tool outcomes and turn-end reasons.
 
 Every value is frozen and converts to and from the exact JSON of docs/log-format.md (``to_json`` /
-``from_json``). Absent optional fields are omitted on disk, never written as ``null``, except where
-the format shows ``null`` (``exit.code``, ``exit.signal``). Keys this version does not know are
-kept in ``extra`` and written back unchanged: reading a record and writing it again loses nothing.
+``from_json``). The conversion is not written per class: :class:`LogValue` compiles it from the
+class's fields (``andon.base``'s shape codec, the same one the wire uses), under :data:`LOG`, the
+log's rules. A field marked ``omit`` is left out on disk when it is ``None`` (never written as
+``null``); a plain ``X | None`` is always written and may be ``null`` (``exit.code``,
+``exit.signal``).
+Keys this version does not know are kept in ``extra`` and written back unchanged: reading a record
+and writing it again loses nothing.
 """
 
 from __future__ import annotations
@@ -11,26 +15,37 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, ClassVar, Final, Literal, TypeAlias, assert_never
+from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeAlias, assert_never
 
 from andon.base import (
-    MESSAGE_SOURCES,
+    CATCH_ALL,
+    EMPTY,
     Cause,
+    Invalid,
     MessageSource,
+    Rules,
     cause_from_dict,
+    codec_for,
+    hint_codec,
+    shape,
 )
 
 __all__ = [
+    "COUNT",
+    "LOG",
+    "OMIT",
+    "PID",
     "AssistantReply",
     "Block",
     "Blocked",
     "Completed",
     "ExitStatus",
     "Interrupted",
+    "LogValue",
     "MaxTokens",
     "ModelInfo",
     "ReasoningBlock",
+    "RecordData",
     "TextBlock",
     "ToolCallBlock",
     "ToolErrorInfo",
@@ -40,8 +55,6 @@ __all__ = [
     "UserMessage",
     "reason_from_json",
 ]
-
-EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 # --- bounds of the numbers a log hands to the system ---------------------------------------------
 
@@ -68,26 +81,46 @@ def is_pid(value: object) -> bool:
     return type(value) is int and 0 < value < PID_LIMIT
 
 
-def check_pid(value: int, where: str) -> None:
-    """``ValueError`` unless ``value`` is a process id: a log's ids reach ``kill`` and
-    ``pidfd_open`` (crash repair), where 0 or a negative number means a whole process group."""
-    if not is_pid(value):
-        raise ValueError(
-            f"{where} must be a process id from 1 to {PID_LIMIT - 1}, not {_show(value)}"
-        )
+def pid_problem(value: int) -> str | None:
+    """Why ``value`` is no process id, or ``None``: a log's ids reach ``kill`` and ``pidfd_open``
+    (crash repair), where 0 or a negative number means a whole process group, so the reader
+    refuses them where the record is read and nothing after it ever sees one."""
+    if is_pid(value):
+        return None
+    return f"must be a process id from 1 to {PID_LIMIT - 1}, not {_show(value)}"
 
 
-def no_extra() -> Mapping[str, Any]:
-    """Default factory for ``extra``: one shared, read-only empty mapping."""
-    return EMPTY
+def _exit_code_problem(code: int | None) -> str | None:
+    # Only what waitid reports: any other number is no status a process ever had.
+    if code is None or 0 <= code <= MAX_EXIT_CODE:
+        return None
+    return f"must be an exit code from 0 to {MAX_EXIT_CODE}, not {_show(code)}"
 
 
-def extra_field() -> Any:
-    """The ``extra`` field of a record class (a dataclass field cannot be one shared object)."""
-    return field(default_factory=no_extra, repr=False)
+def _signal_problem(sig: int | None) -> str | None:
+    if sig is None or 0 < sig < signal.NSIG:
+        return None
+    return f"must be a signal number from 1 to {signal.NSIG - 1}, not {_show(sig)}"
 
 
-def _kind_of(value: object) -> str:
+def count_problem(value: int | None) -> str | None:
+    """Why ``value`` is no count (an index or a number of things), or ``None``."""
+    return None if value is None or value >= 0 else f"cannot be negative, not {_show(value)}"
+
+
+OMIT: Final = shape(omit=True)
+"""A field left out on disk when it is its default (``None``, ``False``), and absent when read."""
+PID: Final = shape(check=pid_problem)
+"""A process id (docs/log-format.md, Tool calls: crash repair signals what these name)."""
+COUNT: Final = shape(check=count_problem)
+"""An index or a number of things: never negative."""
+
+
+# --- the log's rules ------------------------------------------------------------------------------
+
+
+def kind_of(value: object) -> str:
+    """A JSON value's kind, for an error message: ``null``, ``a string``, ``an object`` ..."""
     match value:
         case None:
             return "null"
@@ -105,253 +138,189 @@ def _kind_of(value: object) -> str:
             return type(value).__name__
 
 
-class Fields:
-    """Reads the fields of one JSON object; every error names where the bad value is.
+_WANTS: Final[Mapping[str, str]] = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "bytes": "bytes",
+    "map": "an object",
+    "array": "an array",
+}
 
-    Remembers which keys were read so that :meth:`extra` can return the ones this version does
-    not know. Errors are ``ValueError`` (the reader turns them into ``LogCorrupted``).
-    """
 
-    __slots__ = ("_obj", "_read", "where")
+class _LogRules(Rules):
+    """The log's wording (``record 3 (tool/result) data.exit.code must be ...``) and its rules:
+    unknown keys are kept (a newer writer's fields), every float is seconds."""
 
-    def __init__(self, obj: object, where: str) -> None:
-        if not isinstance(obj, dict):
-            raise ValueError(f"{where} must be an object, not {_kind_of(obj)}")
-        self._obj: dict[str, Any] = obj
-        self._read: list[str] = []
-        self.where = where
+    open = True
+    sorted_choices = True
 
-    def _take(self, key: str) -> Any:
-        try:
-            value = self._obj[key]
-        except KeyError:
-            raise ValueError(f"{self.where} has no {key!r}") from None
-        self._read.append(key)
-        return value
+    def kind(self, value: object) -> str:
+        return kind_of(value)
 
-    def _bad(self, key: str, want: str, value: object) -> ValueError:
-        return ValueError(f"{self.where}.{key} must be {want}, not {_kind_of(value)}")
+    def wrong(self, want: str, value: object, *, nullable: bool = False) -> Invalid:
+        either = " or null" if nullable else ""
+        return Invalid(f"must be {_WANTS[want]}{either}, not {kind_of(value)}")
 
-    def has(self, key: str) -> bool:
-        return key in self._obj
+    def missing(self, key: str) -> Invalid:
+        return Invalid(f"has no {key!r}")
 
-    def req_int(self, key: str) -> int:
-        value = self._take(key)
-        if type(value) is not int:
-            raise self._bad(key, "an integer", value)
-        return value
+    def unexpected(self, key: object, cls: type[Any]) -> Invalid:
+        return Invalid(f"has a key {key!r} that a {cls.__name__} does not have")
 
-    def req_num(self, key: str) -> float:
-        """A number of seconds (every float of a record is a unix time or a span): finite,
-        from 0 to :data:`MAX_SECONDS`."""
-        value = self._take(key)
-        if type(value) is not float and type(value) is not int:
-            raise self._bad(key, "a number", value)
-        if not 0 <= value <= MAX_SECONDS:  # NaN fails this comparison too
-            raise ValueError(
-                f"{self.where}.{key} must be a number of seconds from 0 to {MAX_SECONDS}, "
-                f"not {_show(value)}"
-            )
-        return value
-
-    def req_str(self, key: str) -> str:
-        value = self._take(key)
+    def not_one_of(self, choices: tuple[str, ...], value: object) -> Invalid:
         if type(value) is not str:
-            raise self._bad(key, "a string", value)
-        return value
+            return self.wrong("str", value)
+        return Invalid(f"is {value!r}, not one of {', '.join(choices)}")
 
-    def req_bool(self, key: str) -> bool:
-        value = self._take(key)
-        if type(value) is not bool:
-            raise self._bad(key, "true or false", value)
-        return value
+    def not_tagged(self, key: str, want: str, value: object) -> Invalid:
+        if type(value) is not str:
+            return self.wrong("str", value)
+        return Invalid(f"must be {want!r}")
 
-    def req_obj(self, key: str) -> dict[str, Any]:
-        value = self._take(key)
-        if not isinstance(value, dict):
-            raise self._bad(key, "an object", value)
-        return value
-
-    def req_list(self, key: str) -> list[Any]:
-        value = self._take(key)
-        if not isinstance(value, list):
-            raise self._bad(key, "an array", value)
-        return value
-
-    def req_choice(self, key: str, choices: frozenset[str]) -> str:
-        value = self.req_str(key)
-        if value not in choices:
-            raise ValueError(
-                f"{self.where}.{key} is {value!r}, not one of {', '.join(sorted(choices))}"
+    def float_(self, value: float | int) -> float | int:
+        # Every float of a record is a unix time or a span. An int stays an int, so that a record
+        # read and written again is the same bytes.
+        if not 0 <= value <= MAX_SECONDS:  # NaN fails this comparison too
+            raise Invalid(
+                f"must be a number of seconds from 0 to {MAX_SECONDS}, not {_show(value)}"
             )
         return value
 
-    def opt_int(self, key: str) -> int | None:
-        return self.req_int(key) if key in self._obj else None
 
-    def opt_str(self, key: str) -> str | None:
-        return self.req_str(key) if key in self._obj else None
-
-    def opt_obj(self, key: str) -> dict[str, Any] | None:
-        return self.req_obj(key) if key in self._obj else None
-
-    def opt_choice(self, key: str, choices: frozenset[str]) -> str | None:
-        return self.req_choice(key, choices) if key in self._obj else None
-
-    def nullable_int(self, key: str) -> int | None:
-        """A field that is always present but may be ``null`` (``exit.code``)."""
-        value = self._take(key)
-        if value is None or type(value) is int:
-            return value
-        raise self._bad(key, "an integer or null", value)
-
-    def nullable_str(self, key: str) -> str | None:
-        value = self._take(key)
-        if value is None or type(value) is str:
-            return value
-        raise self._bad(key, "a string or null", value)
-
-    def flag(self, key: str) -> bool:
-        """An optional ``true`` marker (``interrupted``): absent means false."""
-        return self.req_bool(key) if key in self._obj else False
-
-    def extra(self) -> Mapping[str, Any]:
-        """The keys that were never read: fields of a newer writer, kept as they are."""
-        if len(self._read) == len(self._obj):
-            return EMPTY
-        read = set(self._read)
-        return MappingProxyType({k: v for k, v in self._obj.items() if k not in read})
+LOG: Final[Rules] = _LogRules()
+"""The log's rules; every value and record class is compiled under them."""
 
 
-def with_extra(out: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """``out`` plus the unknown keys a record was read with (they never override known ones)."""
-    if extra:
-        for key, value in extra.items():
-            out.setdefault(key, value)
-    return out
+def log_error(exc: Invalid, where: str) -> ValueError:
+    """The ``ValueError`` the reader turns into ``LogCorrupted``: where, what, and why."""
+    return ValueError(f"{where}{exc.path} {exc.problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class LogValue:
+    """A frozen dataclass of the log: ``to_json`` and ``from_json`` come from its fields.
+
+    ``extra`` holds the keys this version does not know, as they were read; they are written back
+    after the known ones (keyword-only: every subclass's own fields come first)."""
+
+    extra: Mapping[str, Any] = field(
+        default_factory=lambda: EMPTY, repr=False, kw_only=True, metadata=CATCH_ALL
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """The exact JSON object of docs/log-format.md (with any unknown keys it was read with)."""
+        return codec_for(type(self), LOG).encode(self)
+
+    @classmethod
+    def from_json(cls, obj: object, where: str = "value") -> Self:
+        """Parse ``obj``; ``ValueError`` names the bad value by its path from ``where``."""
+        try:
+            return codec_for(cls, LOG).decode(obj)  # type: ignore[no-any-return]
+        except Invalid as exc:
+            raise log_error(exc, where) from None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordData(LogValue):
+    """The ``data`` of one record type (``record_type``: ``"tool/result"``, ...)."""
+
+    record_type: ClassVar[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnData(RecordData):
+    """The data of a record about one turn."""
+
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepData(TurnData):
+    """The data of a record about one step of a turn."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptData(StepData):
+    """The data of a record about one model request of a step (``attempt`` starts at 1)."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallData(StepData):
+    """The data of a record about one tool call of a step."""
+
+    call_id: str
 
 
 # --- messages -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class ModelInfo:
+class ModelInfo(LogValue):
     """The model in force: the spec the user gave, the provider and the provider's model name."""
 
     spec: str
     provider: str
     name: str
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra(
-            {"spec": self.spec, "provider": self.provider, "name": self.name}, self.extra
-        )
-
-    @classmethod
-    def from_json(cls, obj: object, where: str = "model") -> ModelInfo:
-        f = Fields(obj, where)
-        return cls(f.req_str("spec"), f.req_str("provider"), f.req_str("name"), f.extra())
 
 
 @dataclass(frozen=True, slots=True)
-class UserMessage:
+class UserMessage(LogValue):
     """``{id, role: "user", content, source}``: one message a person, a hook or a tool entered."""
 
     id: str
     content: str
     source: MessageSource = "user"
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra(
-            {"id": self.id, "role": "user", "content": self.content, "source": self.source},
-            self.extra,
-        )
-
-    @classmethod
-    def from_json(cls, obj: object, where: str = "message") -> UserMessage:
-        f = Fields(obj, where)
-        msg_id = f.req_str("id")
-        if f.req_str("role") != "user":
-            raise ValueError(f"{where}.role must be 'user'")
-        content = f.req_str("content")
-        source: Any = f.req_choice("source", MESSAGE_SOURCES)
-        return cls(msg_id, content, source, f.extra())
+    json_tag: ClassVar = ("role", "user")
+    json_keys: ClassVar = ("id", "role", "content", "source")
 
 
 @dataclass(frozen=True, slots=True)
-class TextBlock:
+class TextBlock(LogValue):
     """Visible reply text."""
 
     text: str
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
     kind: ClassVar[str] = "text"
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"type": "text", "text": self.text}, self.extra)
+    json_tag: ClassVar = ("type", "text")
 
 
 @dataclass(frozen=True, slots=True)
-class ReasoningBlock:
+class ReasoningBlock(LogValue):
     """The model's reasoning (DeepSeek ``reasoning_content``)."""
 
     text: str
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
     kind: ClassVar[str] = "reasoning"
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"type": "reasoning", "text": self.text}, self.extra)
+    json_tag: ClassVar = ("type", "reasoning")
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallBlock:
+class ToolCallBlock(LogValue):
     """A tool call the model asked for. ``call_id`` is andon's own id (``c<turn>-<step>-<n>``);
     ``provider_id`` is the provider's, kept for reference only (providers reuse or omit ids)."""
 
     call_id: str
     name: str
     arguments: str
-    provider_id: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
+    provider_id: Annotated[str | None, OMIT] = None
     kind: ClassVar[str] = "tool_call"
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "tool_call", "call_id": self.call_id}
-        if self.provider_id is not None:
-            out["provider_id"] = self.provider_id
-        out["name"] = self.name
-        out["arguments"] = self.arguments
-        return with_extra(out, self.extra)
+    json_tag: ClassVar = ("type", "tool_call")
+    json_keys: ClassVar = ("type", "call_id", "provider_id", "name", "arguments")
 
 
 Block: TypeAlias = TextBlock | ReasoningBlock | ToolCallBlock
 
 
-def block_from_json(obj: object, where: str) -> Block:
-    f = Fields(obj, where)
-    kind = f.req_str("type")
-    match kind:
-        case "text":
-            return TextBlock(f.req_str("text"), f.extra())
-        case "reasoning":
-            return ReasoningBlock(f.req_str("text"), f.extra())
-        case "tool_call":
-            call = f.req_str("call_id")
-            provider_id = f.opt_str("provider_id")
-            return ToolCallBlock(
-                call, f.req_str("name"), f.req_str("arguments"), provider_id, f.extra()
-            )
-        case _:
-            raise ValueError(f"{where}.type is {kind!r}, not text, reasoning or tool_call")
-
-
 @dataclass(frozen=True, slots=True)
-class AssistantReply:
+class AssistantReply(LogValue):
     """``{role: "assistant", content: [blocks]}``: what the model said, in stream order."""
 
     content: tuple[Block, ...]
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
+    json_tag: ClassVar = ("role", "assistant")
 
     @property
     def text(self) -> str:
@@ -369,181 +338,111 @@ class AssistantReply:
         """The tool calls, in model order."""
         return tuple(b for b in self.content if isinstance(b, ToolCallBlock))
 
-    def to_json(self) -> dict[str, Any]:
-        return with_extra(
-            {"role": "assistant", "content": [b.to_json() for b in self.content]}, self.extra
-        )
-
-    @classmethod
-    def from_json(cls, obj: object, where: str = "message") -> AssistantReply:
-        f = Fields(obj, where)
-        if f.req_str("role") != "assistant":
-            raise ValueError(f"{where}.role must be 'assistant'")
-        blocks = f.req_list("content")
-        content = tuple(block_from_json(b, f"{where}.content[{i}]") for i, b in enumerate(blocks))
-        return cls(content, f.extra())
-
 
 # --- tool outcomes ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class ToolErrorInfo:
+class ToolErrorInfo(LogValue):
     """``{name, code, message}`` of an andon error in a tool result (``code``: docs/log-format.md,
     Error codes)."""
 
     name: str
     code: str
     message: str
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra(
-            {"name": self.name, "code": self.code, "message": self.message}, self.extra
-        )
-
-    @classmethod
-    def from_json(cls, obj: object, where: str = "error") -> ToolErrorInfo:
-        f = Fields(obj, where)
-        return cls(f.req_str("name"), f.req_str("code"), f.req_str("message"), f.extra())
 
 
 @dataclass(frozen=True, slots=True)
-class ExitStatus:
+class ExitStatus(LogValue):
     """``{code, signal}`` of the tool's leader process; both keys always present, one is null."""
 
-    code: int | None
-    signal: int | None
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"code": self.code, "signal": self.signal}, self.extra)
-
-    @classmethod
-    def from_json(cls, obj: object, where: str = "exit") -> ExitStatus:
-        f = Fields(obj, where)
-        code, sig = f.nullable_int("code"), f.nullable_int("signal")
-        # Only what waitid reports: any other number is no status a process ever had.
-        if code is not None and not 0 <= code <= MAX_EXIT_CODE:
-            raise ValueError(
-                f"{where}.code must be an exit code from 0 to {MAX_EXIT_CODE}, not {_show(code)}"
-            )
-        if sig is not None and not 0 < sig < signal.NSIG:
-            raise ValueError(
-                f"{where}.signal must be a signal number from 1 to {signal.NSIG - 1}, "
-                f"not {_show(sig)}"
-            )
-        return cls(code, sig, f.extra())
+    code: Annotated[int | None, shape(check=_exit_code_problem)]
+    signal: Annotated[int | None, shape(check=_signal_problem)]
 
 
 # --- turn-end reasons ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Completed:
+class Completed(LogValue):
     """The last step finished with no tool continuation owed and no next-step input pending."""
 
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
     kind: ClassVar[Literal["completed"]] = "completed"
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"kind": self.kind}, self.extra)
+    json_tag: ClassVar = ("kind", "completed")
 
 
 @dataclass(frozen=True, slots=True)
-class MaxTokens:
+class MaxTokens(LogValue):
     """Some step of the turn finished with ``length`` (sticky for the whole turn)."""
 
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
     kind: ClassVar[Literal["max-tokens"]] = "max-tokens"
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"kind": self.kind}, self.extra)
+    json_tag: ClassVar = ("kind", "max-tokens")
 
 
 @dataclass(frozen=True, slots=True)
-class Blocked:
+class Blocked(LogValue):
     """A pre-step hook rejected the step; ``by`` names it."""
 
     by: str
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
     kind: ClassVar[Literal["blocked"]] = "blocked"
+    json_tag: ClassVar = ("kind", "blocked")
 
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"kind": self.kind, "by": self.by}, self.extra)
+
+def _cause_to_json(cause: Cause) -> dict[str, Any]:
+    return cause.to_dict()
+
+
+def _cause_from_json(value: object) -> Cause:
+    try:
+        return cause_from_dict(value)
+    except ValueError as exc:
+        raise ValueError(f"is no cancel cause: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
-class TurnAborted:
+class TurnAborted(LogValue):
     """The turn's signal was aborted; ``cause`` is the first cause given. On disk:
     ``{"kind": "aborted", "reason": {"kind": "user"}}``."""
 
-    cause: Cause
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
+    cause: Annotated[Cause, shape(key="reason", codec=(_cause_to_json, _cause_from_json))]
     kind: ClassVar[Literal["aborted"]] = "aborted"
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"kind": self.kind, "reason": self.cause.to_dict()}, self.extra)
+    json_tag: ClassVar = ("kind", "aborted")
 
 
 @dataclass(frozen=True, slots=True)
-class TurnFailed:
+class TurnFailed(LogValue):
     """Any other failure. On disk: ``{"kind": "error", "error": {"message", "code"}}``.
 
-    ``extra`` holds further keys of the ``error`` object (for example a model error's ``status``).
+    ``extra`` holds further keys of the ``error`` object (for example a model error's ``status``);
+    no other key may stand beside ``error``.
     """
 
     message: str
     code: str
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
     kind: ClassVar[Literal["error"]] = "error"
-
-    def to_json(self) -> dict[str, Any]:
-        error = with_extra({"message": self.message, "code": self.code}, self.extra)
-        return {"kind": self.kind, "error": error}
+    json_tag: ClassVar = ("kind", "error")
+    json_nest: ClassVar = "error"
 
 
 @dataclass(frozen=True, slots=True)
-class Interrupted:
+class Interrupted(LogValue):
     """Written only by crash repair: the process stopped without ending the turn."""
 
-    extra: Mapping[str, Any] = field(default_factory=no_extra, repr=False)
     kind: ClassVar[Literal["interrupted"]] = "interrupted"
-
-    def to_json(self) -> dict[str, Any]:
-        return with_extra({"kind": self.kind}, self.extra)
+    json_tag: ClassVar = ("kind", "interrupted")
 
 
 TurnEndReason: TypeAlias = Completed | MaxTokens | Blocked | TurnAborted | TurnFailed | Interrupted
 
+_REASON_DECODE, _ = hint_codec(TurnEndReason, LOG)
+
 
 def reason_from_json(obj: object, where: str = "reason") -> TurnEndReason:
     """Parse a turn-end reason; ``ValueError`` names what is wrong."""
-    f = Fields(obj, where)
-    kind = f.req_str("kind")
-    match kind:
-        case "completed":
-            return Completed(f.extra())
-        case "max-tokens":
-            return MaxTokens(f.extra())
-        case "blocked":
-            return Blocked(f.req_str("by"), f.extra())
-        case "aborted":
-            try:
-                cause = cause_from_dict(f.req_obj("reason"))
-            except ValueError as exc:
-                raise ValueError(f"{where}.reason: {exc}") from None
-            return TurnAborted(cause, f.extra())
-        case "error":
-            e = Fields(f.req_obj("error"), f"{where}.error")
-            failed = TurnFailed(e.req_str("message"), e.req_str("code"), e.extra())
-            if f.extra():
-                raise ValueError(f"{where} has unknown keys beside 'error'")
-            return failed
-        case "interrupted":
-            return Interrupted(f.extra())
-        case _:
-            raise ValueError(f"{where}.kind is {kind!r}, not a turn-end reason")
+    try:
+        return _REASON_DECODE(obj)  # type: ignore[no-any-return]
+    except Invalid as exc:
+        raise log_error(exc, where) from None
 
 
 def describe_reason(reason: TurnEndReason) -> str:
