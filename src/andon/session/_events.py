@@ -51,7 +51,7 @@ InboxTarget: TypeAlias = Literal["next-turn", "next-step"]
 
 
 @dataclass(frozen=True, slots=True)
-class SessionStart(RecordData):
+class SessionStart(RecordData, record_type="session/start"):
     """``session/start``: the first record of every session."""
 
     format: int
@@ -63,11 +63,10 @@ class SessionStart(RecordData):
     system_prompt: str
     pid: Annotated[int, PID]
     host: str
-    record_type: ClassVar[str] = "session/start"
 
 
 @dataclass(frozen=True, slots=True)
-class SessionResumed(RecordData):
+class SessionResumed(RecordData, record_type="session/resumed"):
     """``session/resumed``: a new process took the session over (its system prompt from here on)."""
 
     pid: Annotated[int, PID]
@@ -76,11 +75,10 @@ class SessionResumed(RecordData):
     model: ModelInfo
     system_prompt: str
     repaired: bool
-    record_type: ClassVar[str] = "session/resumed"
 
 
 @dataclass(frozen=True, slots=True)
-class SessionRepaired(RecordData):
+class SessionRepaired(RecordData, record_type="session/repaired"):
     """``session/repaired``: crash repair's summary, written after its closers.
 
     ``torn_file`` is shown as ``null`` when no torn bytes were moved aside.
@@ -90,11 +88,10 @@ class SessionRepaired(RecordData):
     torn_file: str | None
     closers: int
     killed_leftovers: int
-    record_type: ClassVar[str] = "session/repaired"
 
 
 @dataclass(frozen=True, slots=True)
-class InboxSpliced(RecordData):
+class InboxSpliced(RecordData, record_type="agent/inbox/spliced"):
     """``agent/inbox/spliced``: one change of an inbox list.
 
     On list ``target``, ``removed_count`` items (0 when absent) are removed at ``start`` and
@@ -107,7 +104,6 @@ class InboxSpliced(RecordData):
     inserted: tuple[UserMessage, ...] = ()
     removed_count: Annotated[int | None, shape(omit=True, check=count_problem)] = None
     outcome: Annotated[Literal["canceled"] | None, OMIT] = None
-    record_type: ClassVar[str] = "agent/inbox/spliced"
     json_keys: ClassVar = ("target", "start", "removed_count", "inserted", "outcome")
 
     @property
@@ -119,55 +115,51 @@ class InboxSpliced(RecordData):
 
 
 @dataclass(frozen=True, slots=True)
-class TurnStart(TurnData):
-    """``turn/start``: turns are numbered 1, 2, … per session and continue after a resume."""
-
-    record_type: ClassVar[str] = "turn/start"
+class TurnStart(TurnData, record_type="turn/start"):
+    """``turn/start``: the first record of a turn, before anything the turn does; its one
+    ``turn/end`` is the last (docs/log-format.md, The rules a log always keeps)."""
 
 
 @dataclass(frozen=True, slots=True)
-class TurnEnd(TurnData):
+class TurnEnd(TurnData, record_type="turn/end"):
     """``turn/end``: exactly one per turn, saying how it ended."""
 
     reason: TurnEndReason
-    record_type: ClassVar[str] = "turn/end"
+    """How: completed, max-tokens, blocked, aborted (with its cause), error, or interrupted."""
 
 
 @dataclass(frozen=True, slots=True)
-class StepStart(StepData):
-    """``step/start``: steps restart at 1 in each turn."""
-
-    record_type: ClassVar[str] = "step/start"
+class StepStart(StepData, record_type="step/start"):
+    """``step/start``: steps restart at 1 in each turn; the messages entered into the step follow
+    it at once."""
 
 
 @dataclass(frozen=True, slots=True)
-class StepEnd(StepData):
+class StepEnd(StepData, record_type="step/end"):
     """``step/end``: written in a ``finally`` (or by crash repair)."""
 
-    record_type: ClassVar[str] = "step/end"
-
 
 @dataclass(frozen=True, slots=True)
-class UserMessageEntered(StepData):
+class UserMessageEntered(StepData, record_type="user/message"):
     """``user/message``: one message entered into a step (right after ``step/start``)."""
 
     message: UserMessage
-    record_type: ClassVar[str] = "user/message"
+    """The message as the model sees it, with the id and source it was entered with."""
 
 
 # --- the model ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class LlmRequest(AttemptData):
+class LlmRequest(AttemptData, record_type="llm/request"):
     """``llm/request``: before each model request (``attempt`` starts at 1)."""
 
     model: str
-    record_type: ClassVar[str] = "llm/request"
+    """The provider's model name the request asks for."""
 
 
 @dataclass(frozen=True, slots=True)
-class LlmRetry(AttemptData):
+class LlmRetry(AttemptData, record_type="llm/retry"):
     """``llm/retry``: a failed request is retried after ``delay`` seconds.
 
     ``error`` is the model error as an object (``code``, ``message``, optionally ``status``).
@@ -175,19 +167,17 @@ class LlmRetry(AttemptData):
 
     error: Mapping[str, Any]
     delay: float
-    record_type: ClassVar[str] = "llm/retry"
 
 
 @dataclass(frozen=True, slots=True)
-class AssistantChunk(AttemptData):
+class AssistantChunk(AttemptData, record_type="assistant/chunk"):
     """``assistant/chunk``: stream deltas as received (never model-visible; folds skip them)."""
 
     deltas: tuple[Mapping[str, Any], ...]
-    record_type: ClassVar[str] = "assistant/chunk"
 
 
 @dataclass(frozen=True, slots=True)
-class AssistantMessage(StepData):
+class AssistantMessage(StepData, record_type="assistant/message"):
     """``assistant/message``: a finished reply, or (``interrupted``) the salvaged prefix of one.
 
     ``finish`` is ``stop``, ``tool_calls``, ``length`` or ``aborted``. A ``length`` reply's tool
@@ -199,4 +189,3 @@ class AssistantMessage(StepData):
     usage: Annotated[Mapping[str, Any] | None, OMIT] = None
     interrupted: Annotated[bool, OMIT] = False
     dropped_tool_calls: Annotated[int | None, OMIT] = None
-    record_type: ClassVar[str] = "assistant/message"

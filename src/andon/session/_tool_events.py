@@ -16,16 +16,15 @@ __all__ = ["ToolCall", "ToolResult", "ToolSignal", "ToolStarted"]
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall(CallData):
+class ToolCall(CallData, record_type="tool/call"):
     """``tool/call``: the executor is about to start the call (or is skipping it)."""
 
     name: str
     arguments: str
-    record_type: ClassVar[str] = "tool/call"
 
 
 @dataclass(frozen=True, slots=True)
-class ToolStarted(CallData):
+class ToolStarted(CallData, record_type="tool/started"):
     """``tool/started``: the worker reports the tool's process running.
 
     ``pid`` + ``create_time`` identify the leader even if the pid is reused later; ``pgid`` is its
@@ -40,21 +39,19 @@ class ToolStarted(CallData):
     create_time: float
     containment: Annotated[Containment | None, OMIT] = None
     cgroup: Annotated[str | None, OMIT] = None
-    record_type: ClassVar[str] = "tool/started"
 
 
 @dataclass(frozen=True, slots=True)
-class ToolSignal(CallData):
+class ToolSignal(CallData, record_type="tool/signal"):
     """``tool/signal``: a grace stage or sweep signal sent ``at`` seconds into the call."""
 
     stage: SignalStage
     at: float
     targets: int
-    record_type: ClassVar[str] = "tool/signal"
 
 
 @dataclass(frozen=True, slots=True)
-class ToolResult(CallData):
+class ToolResult(CallData, record_type="tool/result"):
     """``tool/result``: the one result of a call. ``content`` is what the model sees.
 
     ``error`` is present only for andon errors (docs/log-format.md, Error codes);
@@ -71,7 +68,6 @@ class ToolResult(CallData):
     strays_killed: Annotated[int | None, OMIT] = None
     output_bytes: Annotated[int | None, OMIT] = None
     output_file: Annotated[str | None, OMIT] = None
-    record_type: ClassVar[str] = "tool/result"
     json_keys: ClassVar = (
         "turn",
         "step",

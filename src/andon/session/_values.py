@@ -228,33 +228,46 @@ class RecordData(LogValue):
 
     record_type: ClassVar[str]
 
+    def __init_subclass__(cls, *, record_type: str | None = None, **kwargs: Any) -> None:
+        # ``class ToolResult(CallData, record_type="tool/result")``. dataclass(slots=True) makes
+        # the class again, without the keyword: the type set the first time is kept.
+        super().__init_subclass__(**kwargs)
+        if record_type is not None:
+            cls.record_type = record_type
+
 
 @dataclass(frozen=True, slots=True)
 class TurnData(RecordData):
     """The data of a record about one turn."""
 
     turn: int
+    """1, 2, … in the session; a resumed session goes on counting."""
 
 
 @dataclass(frozen=True, slots=True)
 class StepData(TurnData):
-    """The data of a record about one step of a turn."""
+    """The data of a record about one step of a turn: ``step/start`` and ``step/end`` bracket the
+    records of a step, and every one of them names the step."""
 
     step: int
+    """1, 2, … in the turn: one model request and the tool calls it asked for."""
 
 
 @dataclass(frozen=True, slots=True)
 class AttemptData(StepData):
-    """The data of a record about one model request of a step (``attempt`` starts at 1)."""
+    """The data of a record about one model request of a step."""
 
     attempt: int
+    """1 for the first request of the step; a retry is the next attempt."""
 
 
 @dataclass(frozen=True, slots=True)
 class CallData(StepData):
-    """The data of a record about one tool call of a step."""
+    """The data of a record about one tool call of a step. ``tool/call``, ``tool/started``,
+    ``tool/signal`` and ``tool/result`` of one call share its ``call_id``."""
 
     call_id: str
+    """andon's id of the call, ``c<turn>-<step>-<n>`` (docs/log-format.md, Ids)."""
 
 
 # --- messages -----------------------------------------------------------------------------------
