@@ -13,7 +13,7 @@ floor:
 * abort -> stream closed: a stream that sent two chunks and then stalls. For the adapter, from
   ``controller.abort()`` to the consumer's ``async for`` raising ``Aborted`` (the response is
   closed by then); the floor is ``await response.aclose()`` on a bare httpx stream in the same
-  state (quality.md: "httpx: abort decision -> stream closed"), and, as a second floor,
+  state (docs/benchmarks.md, What the stop figures mean), and, as a second floor,
   cancelling a task blocked reading that bare stream and then closing it.
 """
 

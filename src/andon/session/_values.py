@@ -230,8 +230,9 @@ class RecordData(LogValue):
 
     def __init_subclass__(cls, *, record_type: str | None = None, **kwargs: Any) -> None:
         # ``class ToolResult(CallData, record_type="tool/result")``. dataclass(slots=True) makes
-        # the class again, without the keyword: the type set the first time is kept.
-        super().__init_subclass__(**kwargs)
+        # the class again, without the keyword: the type set the first time is kept. The explicit
+        # super() because slots=True replaces the class the zero-argument form would name.
+        super(RecordData, cls).__init_subclass__(**kwargs)
         if record_type is not None:
             cls.record_type = record_type
 

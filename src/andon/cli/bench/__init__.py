@@ -1,4 +1,5 @@
-"""``andon bench``: the benchmarks of quality.md, each figure beside its floor from the same run.
+"""``andon bench``: the benchmarks docs/benchmarks.md describes, each figure beside its floor
+from the same run.
 
 ``register(subparsers)`` adds the ``bench`` subcommand to an argparse parser; ``run(args)`` runs it
 and returns the exit code (0; 1 when an andon scenario left a process or wrote after its stop; 2 on
@@ -26,7 +27,7 @@ KINDS = ("interrupt", "exit", "dispatch", "recovery", "all")
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "bench", help="the benchmarks of quality.md, with a table and optionally a PNG plot"
+        "bench", help="benchmarks, each beside its floor: a table and optionally a PNG plot"
     )
     p.add_argument("kind", nargs="?", default="interrupt", choices=KINDS)
     p.add_argument("--runs", type=int, default=30, help="runs per scenario (default 30)")

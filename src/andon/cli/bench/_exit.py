@@ -11,8 +11,8 @@ The baseline, measured in the same run the same way, is the least a Python progr
 asyncio loop that starts the same tree in a process group of its own, and on SIGINT sends SIGINT to
 that group, waits for its child and exits. It stops neither the escapee nor the daemon (its
 survivors are counted, then killed): it is the floor of interpreter start, signal delivery and
-exit, not a competitor. The goal (cli.md, A fast exit): andon's p50 ≤ the baseline's p50 + 20 ms,
-with 0 survivors.
+exit, not a competitor. The goal (docs/benchmarks.md, The exit figure): andon's p50 ≤ the
+baseline's p50 + 20 ms, with 0 survivors.
 """
 
 from __future__ import annotations

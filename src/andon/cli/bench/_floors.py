@@ -136,7 +136,8 @@ def fsync_once(path: str) -> float:
 
 async def httpx_close(client: httpx.AsyncClient, url: str, chunks: int, delay: float) -> float:
     """Read ``chunks`` SSE events of a streamed reply, wait ``delay``, then time closing the
-    response: the floor of stopping a model stream (quality.md: abort decision → stream closed)."""
+    response: the floor of stopping a model stream (docs/benchmarks.md, What the stop figures
+    mean)."""
     import asyncio
 
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}

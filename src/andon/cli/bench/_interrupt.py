@@ -1,5 +1,6 @@
 """``andon bench interrupt``: cancel → durable ``turn/end`` through the real agent, per scenario,
-beside the floor of the same stop measured in the same run (quality.md, the headline benchmark).
+beside the floor of the same stop measured in the same run (docs/benchmarks.md, What the stop
+figures mean).
 
 Every andon run goes through one shared worker pool and, per scenario, one session and one mock
 model server (real HTTP). A run waits until the activity is under way (a chunk streamed, the model
@@ -228,7 +229,7 @@ class Bench:
                     latency = time.perf_counter() - t
                     at_end = workspace_bytes(workspace)
                     await asyncio.wait_for(collector, 5)
-                await asyncio.sleep(AFTER)  # the 100 ms of quality.md: survivors and late bytes
+                await asyncio.sleep(AFTER)  # docs/benchmarks.md's 100 ms: survivors, late bytes
                 # Only this session's calls: a concurrent benchmark has the same call ids, but
                 # its own session id, so its processes carry other tags.
                 owner = agent.session_id or ""

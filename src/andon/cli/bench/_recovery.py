@@ -1,4 +1,4 @@
-"""Recovery benchmark (quality.md, ``andon bench recovery``; ``--max-events`` caps the sizes).
+"""Recovery benchmark (docs/benchmarks.md, The recovery figures; ``--max-events`` caps the sizes).
 
 For logs of 10^3, 10^4, 10^5 and 10^6 events, each ending in a crash (an open turn with a tool call
 that was running), it measures in a fresh process:
