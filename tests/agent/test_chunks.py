@@ -18,7 +18,7 @@ from andon.base import AbortSignal, ManualClock, User
 from andon.llm import (
     Chunk,
     Finish,
-    ModelInfo,
+    ModelIdentity,
     ModelRequest,
     OnAttempt,
     ReasoningDelta,
@@ -170,10 +170,10 @@ class _UsageModel:
 
     def __init__(self, usages: list[Usage | None]) -> None:
         self._usages = usages
-        self._info = ModelInfo("usage-test", "test", "usage-test")
+        self._info = ModelIdentity("usage-test", "test", "usage-test")
 
     @property
-    def info(self) -> ModelInfo:
+    def info(self) -> ModelIdentity:
         return self._info
 
     async def stream(

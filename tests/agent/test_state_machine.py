@@ -38,7 +38,7 @@ from andon.base import (
 from andon.llm import (
     Chunk,
     Finish,
-    ModelInfo,
+    ModelIdentity,
     ModelRequest,
     OnAttempt,
     RetryDecider,
@@ -65,7 +65,7 @@ class FuzzModel:
     """An endless model: every request is a text reply or a reply with 1-3 tool calls, chosen by
     a counter (deterministic for a given sequence of requests)."""
 
-    info = ModelInfo("fuzz", "test", "fuzz")
+    info = ModelIdentity("fuzz", "test", "fuzz")
 
     def __init__(self, durations: list[float]) -> None:
         self._n = itertools.count()

@@ -13,7 +13,7 @@ import pytest
 
 from andon.base import ConfigError
 from andon.cli._prices import BUILTIN, READ_ON, TABLE_NAME, Price, cost, parse_prices
-from andon.llm import DEEPSEEK_MODELS, ModelInfo
+from andon.llm import DEEPSEEK_MODELS, ModelIdentity
 from andon.testing import MockModelServer
 from tests.cli.support import env, run, script
 
@@ -24,8 +24,8 @@ PRICES_TOML = (
 NO_SPLIT = "no cache split reported: every prompt token priced as a cache miss"
 
 
-def info(spec: str, provider: str, name: str) -> ModelInfo:
-    return ModelInfo(spec=spec, provider=provider, name=name)
+def info(spec: str, provider: str, name: str) -> ModelIdentity:
+    return ModelIdentity(spec=spec, provider=provider, name=name)
 
 
 FLASH = info("deepseek-v4-flash", "deepseek", "deepseek-v4-flash")
@@ -89,7 +89,7 @@ def test_cost_is_rounded_to_six_decimals() -> None:
     ],
     ids=["openai", "custom-url", "script", "custom-url-deepseek-name"],
 )
-def test_a_model_without_a_price_has_no_cost(model: ModelInfo) -> None:
+def test_a_model_without_a_price_has_no_cost(model: ModelIdentity) -> None:
     assert cost({"prompt_tokens": 10, "completion_tokens": 10}, model, {}) is None
 
 

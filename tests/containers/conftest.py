@@ -19,7 +19,7 @@ import pytest
 from andon.testing import (
     ENGINE_URL_VAR,
     PodmanService,
-    host_mounts,
+    engine_host_mounts,
     make_worker_image,
     remove_image,
     why_no_engine,
@@ -81,7 +81,7 @@ def container_options(engine: DockerClient) -> dict[str, Any]:
     from docker.types import Ulimit
 
     return {
-        "mounts": host_mounts(),
+        "mounts": engine_host_mounts(),
         "network_mode": "none",
         # dockerd honours it; podman 4.3's compat API ignores it (the service's --runtime decides).
         "runtime": "runc",

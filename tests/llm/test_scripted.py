@@ -28,7 +28,7 @@ from andon.llm import (
     Chunk,
     Finish,
     Model,
-    ModelInfo,
+    ModelIdentity,
     ModelRequest,
     ReasoningDelta,
     Scripted,
@@ -231,7 +231,7 @@ async def test_replies_are_copied_at_construction() -> None:
 
 def test_info_and_protocol() -> None:
     model = Scripted([])
-    assert model.info == ModelInfo(spec="script:inline", provider="script", name="scripted")
+    assert model.info == ModelIdentity(spec="script:inline", provider="script", name="scripted")
     assert model.info.to_dict() == {
         "spec": "script:inline",
         "provider": "script",

@@ -12,7 +12,7 @@ from andon.llm import (
     API_KEY_ENV_VARS,
     DEEPSEEK_MODELS,
     SPEC_FORMS,
-    ModelInfo,
+    ModelIdentity,
     ModelRequest,
     OpenAICompatible,
     Scripted,
@@ -34,7 +34,7 @@ def test_deepseek_presets(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-key")
     model = from_spec(name)
     assert isinstance(model, OpenAICompatible)
-    assert model.info == ModelInfo(spec=name, provider="deepseek", name=name)
+    assert model.info == ModelIdentity(spec=name, provider="deepseek", name=name)
     assert model.base_url == "https://api.deepseek.com"
     assert model.api_key_env == "DEEPSEEK_API_KEY"
     assert model.thinking is True  # the API's default, sent explicitly
@@ -53,7 +53,7 @@ def test_openai_form(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "oa-key")
     model = from_spec("openai:gpt-4.1")
     assert isinstance(model, OpenAICompatible)
-    assert model.info == ModelInfo(spec="openai:gpt-4.1", provider="openai", name="gpt-4.1")
+    assert model.info == ModelIdentity(spec="openai:gpt-4.1", provider="openai", name="gpt-4.1")
     assert model.base_url == "https://api.openai.com/v1"
     assert model.api_key_env == "OPENAI_API_KEY"
     assert "thinking" not in model.request_body(_request())
@@ -62,7 +62,7 @@ def test_openai_form(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_url_form_needs_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
     model = from_spec("http://127.0.0.1:11434/v1#qwen3")
     assert isinstance(model, OpenAICompatible)
-    assert model.info == ModelInfo(
+    assert model.info == ModelIdentity(
         spec="http://127.0.0.1:11434/v1#qwen3", provider="openai-compatible", name="qwen3"
     )
     assert model.base_url == "http://127.0.0.1:11434/v1"
@@ -225,7 +225,7 @@ def test_deepseek_at_a_custom_url(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = "deepseek+http://127.0.0.1:30000/v1#deepseek-v4-flash"
     model = from_spec(spec)  # no key needed: a proxy or a local server may want none
     assert isinstance(model, OpenAICompatible)
-    assert model.info == ModelInfo(spec=spec, provider="deepseek", name="deepseek-v4-flash")
+    assert model.info == ModelIdentity(spec=spec, provider="deepseek", name="deepseek-v4-flash")
     assert model.base_url == "http://127.0.0.1:30000/v1"
     assert model.api_key_env == "ANDON_API_KEY"
     assert api_key_env_for(spec) == "ANDON_API_KEY"

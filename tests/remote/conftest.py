@@ -6,6 +6,7 @@ these."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import secrets
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+from andon.supervisor import PoolObserver
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,13 @@ def hosts() -> Iterator[Hosts]:
     finally:
         subprocess.run(["ip", "link", "delete", local], capture_output=True, timeout=30)
         subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30)
+
+
+class Refusals(PoolObserver):
+    """Puts each refusal the pool reports on ``queue`` (a test waits on it, never sleeps)."""
+
+    def __init__(self, queue: asyncio.Queue[str]) -> None:
+        self.queue = queue
+
+    def on_refused(self, reason: str) -> None:
+        self.queue.put_nowait(reason)

@@ -23,6 +23,7 @@ from andon.protocol import load_public_keys, write_keys
 from andon.supervisor import (
     CommandLauncher,
     LaunchedWorker,
+    PoolObserver,
     TcpListen,
     ToolCallRequest,
     ToolExecutor,
@@ -30,7 +31,7 @@ from andon.supervisor import (
     WorkerPoolConfig,
 )
 from andon.workers import default
-from tests.remote.conftest import Hosts
+from tests.remote.conftest import Hosts, Refusals
 from tests.support import escapee_tree, procs_with_marker
 from tests.workers.support import start
 
@@ -48,14 +49,16 @@ def _netns_of_this_process() -> str:
     return os.readlink("/proc/self/ns/net")
 
 
-def _pool(hosts: Hosts, launcher: CommandLauncher, size: int = 2) -> WorkerPool:
+def _pool(
+    hosts: Hosts, launcher: CommandLauncher, size: int = 2, observer: PoolObserver | None = None
+) -> WorkerPool:
     config = WorkerPoolConfig(
         size=size,
         heartbeat_interval=INTERVAL,
         start_timeout=30,
         tcp=TcpListen(f"tcp://{hosts.local_address}:0"),
     )
-    return WorkerPool(config, default(), launcher=launcher)
+    return WorkerPool(config, default(), launcher=launcher, observer=observer)
 
 
 def _launcher(hosts: Hosts, **options: object) -> CommandLauncher:
@@ -107,8 +110,7 @@ async def test_a_worker_whose_key_is_not_allowed_is_refused_before_any_frame(
     hosts: Hosts, tmp_path: Path
 ) -> None:
     refused: asyncio.Queue[str] = asyncio.Queue()
-    async with _pool(hosts, _launcher(hosts), size=1) as pool:
-        pool.on_refused = refused.put_nowait
+    async with _pool(hosts, _launcher(hosts), size=1, observer=Refusals(refused)) as pool:
         public, secret = write_keys(tmp_path / "keys", "stranger")
         (stranger_key,) = load_public_keys(public)
         server_key = pool.server_public_key
@@ -140,7 +142,7 @@ async def test_a_worker_whose_key_is_not_allowed_is_refused_before_any_frame(
             task, _, _ = await start(executor, _bash("c1-1-1", "echo still-mine"))
             outcome = await asyncio.wait_for(task, 30)
             assert outcome.content.startswith("still-mine")
-            assert pool.error_replies == []
+            assert pool.statistics().error_replies == ()
         finally:
             # The refused worker was never welcomed: it gives up by itself.
             code = await asyncio.to_thread(stranger.wait, 30)

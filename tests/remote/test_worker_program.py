@@ -32,6 +32,7 @@ from andon.supervisor import (
     WorkerSpec,
 )
 from andon.workers import default, tool
+from tests.remote.conftest import Refusals
 from tests.support import procs_with_marker
 from tests.workers.support import start
 
@@ -191,9 +192,8 @@ async def test_an_allowed_key_cannot_speak_for_another_worker() -> None:
         tcp=TcpListen("tcp://127.0.0.1:0", allowed=frozenset([static.public])),
     )
     launcher = _Gated()
-    pool = WorkerPool(config, default(), launcher=launcher)
     refused: asyncio.Queue[str] = asyncio.Queue()
-    pool.on_refused = refused.put_nowait
+    pool = WorkerPool(config, default(), launcher=launcher, observer=Refusals(refused))
     starting = asyncio.create_task(pool.start())
     try:
         await asyncio.wait_for(launcher.waiting.wait(), 30)
@@ -211,7 +211,8 @@ async def test_an_allowed_key_cannot_speak_for_another_worker() -> None:
             sock.close(0)
             ctx.term()
         assert "'w1'" in reason and static.public.decode() in reason
-        assert pool.spoofed == 1 and pool.error_replies == []
+        stats = pool.statistics()
+        assert stats.spoofed == 1 and stats.error_replies == ()
         launcher.gate.set()
         await asyncio.wait_for(starting, 60)
         executor = ToolExecutor(pool, pool.registry)

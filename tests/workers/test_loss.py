@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from andon.base import AbortController, ErrorCode, User
-from andon.supervisor import ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.supervisor import PoolObserver, ToolExecutor, WorkerPool, WorkerPoolConfig
 from andon.testing import SHELL_SLEEP
 from tests.support import REPO, call_entry, leftovers, wait_all_exited
 from tests.workers.pytools import registry
@@ -84,17 +84,22 @@ async def test_garbage_sent_to_a_worker_gets_an_error_and_it_keeps_serving() -> 
         )
         assert outcome.content.startswith("still-here\n")
         assert pool.workers == {worker_id: worker_pid}
-        assert len(pool.error_replies) == 3
-        assert all(who == worker_id for who, _ in pool.error_replies)
+        replies = pool.statistics().error_replies
+        assert len(replies) == 3
+        assert all(who == worker_id for who, _ in replies)
 
 
 async def test_a_worker_that_sends_garbage_is_killed_and_replaced() -> None:
     broken: list[tuple[str, str]] = []
+
+    class Broken(PoolObserver):
+        def on_broken(self, worker_id: str, reason: str) -> None:
+            broken.append((worker_id, reason))
+
     config = WorkerPoolConfig(size=1, containment="subreaper", worker_fault="garbage-after-started")
     reg = registry()
-    async with WorkerPool(config, reg) as pool:
+    async with WorkerPool(config, reg, observer=Broken()) as pool:
         executor = ToolExecutor(pool, reg)
-        pool.on_broken = lambda worker, reason: broken.append((worker, reason))
         (old_pid,) = pool.workers.values()
         outcome = await executor.execute(bash("c1-1-1", SHELL_SLEEP), AbortController().signal)
         assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
@@ -103,6 +108,25 @@ async def test_a_worker_that_sends_garbage_is_killed_and_replaced() -> None:
         assert old_pid not in pool.workers.values()
         # The call's processes went with the worker: found by the call's tag.
         assert leftovers(call_entry(executor.identity, "c1-1-1")) == []
+
+
+async def test_an_observer_that_raises_does_not_stop_the_pool(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Raising(PoolObserver):
+        def on_broken(self, worker_id: str, reason: str) -> None:
+            raise RuntimeError("the observer's own bug")
+
+    config = WorkerPoolConfig(size=1, containment="subreaper", worker_fault="garbage-after-started")
+    reg = registry()
+    async with WorkerPool(config, reg, observer=Raising()) as pool:
+        executor = ToolExecutor(pool, reg)
+        outcome = await executor.execute(bash("c1-1-1", SHELL_SLEEP), AbortController().signal)
+        assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
+        assert "the pool's observer raised" in caplog.text
+        # The pool goes on: a replacement takes the next call (and, faulty too, is lost again).
+        again = await executor.execute(bash("c1-1-2", SHELL_SLEEP), AbortController().signal)
+        assert again.error is not None and again.error.code is ErrorCode.WORKER_LOST
 
 
 async def test_cancel_for_a_finished_call_is_ignored() -> None:
@@ -119,7 +143,7 @@ async def test_cancel_for_a_finished_call_is_ignored() -> None:
         controller.abort(User())
         outcome = await task
         assert outcome.ended_by == "interrupt"
-        assert pool.error_replies == []
+        assert pool.statistics().error_replies == ()
 
 
 @pytest.mark.parametrize("mode", [MODES[0]])

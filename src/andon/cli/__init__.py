@@ -27,11 +27,11 @@ import os
 import signal
 import sys
 
-from andon.cli._signals import LEDGER, install_early, stopped_in
+from andon.cli import _signals
 
 __all__ = ["main"]
 
-install_early()
+_signals.install_early()
 
 
 def main() -> int:
@@ -41,11 +41,12 @@ def main() -> int:
 
             code = cli_main()
         finally:
-            LEDGER.early = False  # on the way out a signal is only recorded: the code is decided
+            # On the way out a signal is only recorded: the code is decided.
+            _signals.LEDGER.early = False
     except BaseException as e:
         # A signal before anything started (while the command is imported, or its arguments,
         # settings and model are read): no process, no session folder.
-        stop = stopped_in(e)
+        stop = _signals.stopped_in(e)
         if stop is None:
             raise
         code = 128 + stop.signum

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from andon.base import ConfigError
-from andon.llm import ModelInfo
+from andon.llm import ModelIdentity
 
 __all__ = [
     "BUILTIN",
@@ -118,7 +118,7 @@ def parse_prices(raw: object, path: Path) -> dict[str, Price]:
     return out
 
 
-def price_for(info: ModelInfo, overrides: Mapping[str, Price]) -> tuple[Price, str] | None:
+def price_for(info: ModelIdentity, overrides: Mapping[str, Price]) -> tuple[Price, str] | None:
     """The price of ``info``'s model and what it comes from: ``andon.toml`` (by the model name the
     spec resolves to, ``info.name``) before the built-in table (by spec); None if neither has it."""
     if info.name in overrides:
@@ -130,7 +130,7 @@ def price_for(info: ModelInfo, overrides: Mapping[str, Price]) -> tuple[Price, s
 
 
 def cost(
-    usage: Mapping[str, Any], info: ModelInfo, overrides: Mapping[str, Price]
+    usage: Mapping[str, Any], info: ModelIdentity, overrides: Mapping[str, Price]
 ) -> dict[str, Any] | None:
     """``{"usd", "priced_by"}`` of a run's usage totals, or None for a model without a price.
 

@@ -32,7 +32,7 @@ from andon.llm._attempt import Attempt, Timeouts
 from andon.llm._failures import Context
 from andon.llm._request import DEEPSEEK, build_request_body
 from andon.llm._retry import RandomSource, RetryPolicy, abortable_sleep, retry_delay
-from andon.llm._types import Chunk, Finish, ModelInfo, ModelRequest, OnAttempt, RetryDecider
+from andon.llm._types import Chunk, Finish, ModelIdentity, ModelRequest, OnAttempt, RetryDecider
 
 __all__ = ["OpenAICompatible"]
 
@@ -156,7 +156,7 @@ class OpenAICompatible:
         self._model = model
         self._provider = provider
         self._thinking = thinking
-        self._info = ModelInfo(
+        self._info = ModelIdentity(
             spec=spec or f"{self._shown_url}#{model}", provider=provider, name=model
         )
         self._secret = _read_key(api_key_env, required=api_key_required, what=self._info.spec)
@@ -173,7 +173,7 @@ class OpenAICompatible:
     # --- identity -------------------------------------------------------------------------------
 
     @property
-    def info(self) -> ModelInfo:
+    def info(self) -> ModelIdentity:
         """The spec, provider and model name (never anything about the key)."""
         return self._info
 

@@ -36,7 +36,7 @@ from andon.llm._script import ScriptParser, ScriptReply
 from andon.llm._types import (
     Chunk,
     Finish,
-    ModelInfo,
+    ModelIdentity,
     ModelRequest,
     OnAttempt,
     RetryDecider,
@@ -88,7 +88,7 @@ class Scripted:
         self._rng = rng
         self._cursor = 0
         self._requests: list[ModelRequest] = []
-        self._info = ModelInfo(spec=f"script:{source}", provider="script", name="scripted")
+        self._info = ModelIdentity(spec=f"script:{source}", provider="script", name="scripted")
 
     @classmethod
     def from_file(
@@ -131,8 +131,8 @@ class Scripted:
         return cls(data, max_retries=max_retries, clock=clock, rng=rng, source=name)
 
     @property
-    def info(self) -> ModelInfo:
-        """``ModelInfo(spec="script:<source>", provider="script", name="scripted")``."""
+    def info(self) -> ModelIdentity:
+        """``ModelIdentity(spec="script:<source>", provider="script", name="scripted")``."""
         return self._info
 
     @property

@@ -22,7 +22,7 @@ __all__ = [
     "Finish",
     "FinishReason",
     "Model",
-    "ModelInfo",
+    "ModelIdentity",
     "ModelRequest",
     "OnAttempt",
     "ReasoningDelta",
@@ -146,7 +146,7 @@ class ModelRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelInfo:
+class ModelIdentity:
     """Which model this is: the user's ``--model`` spec, the provider and the model name."""
 
     spec: str
@@ -190,7 +190,7 @@ class Model(Protocol):
     """
 
     @property
-    def info(self) -> ModelInfo:
+    def info(self) -> ModelIdentity:
         """Identity of the model, logged in ``session/start``."""
         ...
 

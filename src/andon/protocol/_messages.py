@@ -9,7 +9,7 @@ Direction and purpose, in the order of a call's life::
 
     worker -> supervisor   Hello        on connect: who the worker is and which tools it offers
     supervisor -> worker   Welcome      accepted: heartbeat interval and limits
-    supervisor -> worker   Reject       refused, with a reason (then the worker exits)
+    supervisor -> worker   Refused      turned away, with a reason (then the worker exits)
     both                   Heartbeat    liveness (remote workers)
     supervisor -> worker   Run          run one tool call
     worker -> supervisor   Started      the call's process (group, cgroup) exists
@@ -51,7 +51,7 @@ __all__ = [
     "Message",
     "MessageType",
     "Output",
-    "Reject",
+    "Refused",
     "Result",
     "Run",
     "Shutdown",
@@ -108,7 +108,7 @@ class Welcome:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Reject:
+class Refused:
     """Supervisor -> worker: refused (the worker exits)."""
 
     type: ClassVar[Literal["reject"]] = "reject"
@@ -289,7 +289,7 @@ class Shutdown:
 Message = (
     Hello
     | Welcome
-    | Reject
+    | Refused
     | Heartbeat
     | Run
     | Started
@@ -306,7 +306,7 @@ Message = (
 MESSAGE_CLASSES: Final[tuple[type[Message], ...]] = (
     Hello,
     Welcome,
-    Reject,
+    Refused,
     Heartbeat,
     Run,
     Started,

@@ -1,15 +1,15 @@
 """The supervisor layer: the worker pool, the tool executor (grace timeline) and, above them, the
-agent."""
+agent.
+
+``__all__`` is what a user builds with: the agent and ``open_agent`` with their defaults, the hooks
+and their answers, the pool, its config and the launchers (with the types a custom launcher
+implements), and the executor with its request, observer and outcome for driving calls without an
+agent. What the pool and the executor say to each other (leases, ``WorkerGone``) stays inside."""
 
 from andon.supervisor._agent import Agent, Status
 from andon.supervisor._command import CommandLauncher
 from andon.supervisor._container import ContainerLauncher, Mount, host_mounts
-from andon.supervisor._executor import (
-    ExecutionObserver,
-    ToolCallRequest,
-    ToolExecutor,
-    aborted_before_dispatch,
-)
+from andon.supervisor._executor import ExecutionObserver, ToolCallRequest, ToolExecutor
 from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._hooks import (
     Allow,
@@ -30,8 +30,9 @@ from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, 
 from andon.supervisor._open import DEFAULT_SYSTEM_PROMPT, SECRET_ENV, open_agent
 from andon.supervisor._outcome import StageMark, ToolOutcome
 from andon.supervisor._pod import PodLauncher
-from andon.supervisor._pool import TcpListen, WorkerGone, WorkerLease, WorkerPool, WorkerPoolConfig
-from andon.supervisor._subagent import SubagentCall, subagent_tool
+from andon.supervisor._pool import TcpListen, WorkerPool, WorkerPoolConfig
+from andon.supervisor._pool_watch import PoolObserver, PoolStatistics
+from andon.supervisor._subagent import subagent_tool
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
@@ -49,7 +50,9 @@ __all__ = [
     "Mount",
     "OnRequestError",
     "PodLauncher",
+    "PoolObserver",
     "PoolSetup",
+    "PoolStatistics",
     "PostTool",
     "PreStep",
     "PreTool",
@@ -57,7 +60,6 @@ __all__ = [
     "Retry",
     "StageMark",
     "Status",
-    "SubagentCall",
     "TcpListen",
     "ToolCallInfo",
     "ToolCallRequest",
@@ -65,13 +67,10 @@ __all__ = [
     "ToolOutcome",
     "TurnBudget",
     "TurnStopping",
-    "WorkerGone",
     "WorkerLauncher",
-    "WorkerLease",
     "WorkerPool",
     "WorkerPoolConfig",
     "WorkerSpec",
-    "aborted_before_dispatch",
     "host_mounts",
     "open_agent",
     "subagent_tool",

@@ -59,7 +59,7 @@ from andon.protocol import (
     Heartbeat,
     Hello,
     Message,
-    Reject,
+    Refused,
     Result,
     Shutdown,
     Started,
@@ -72,6 +72,7 @@ from andon.protocol import (
 )
 from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.supervisor._pool_watch import PoolObserver, PoolStatistics
 from andon.workers import ToolRegistry
 
 __all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
@@ -249,8 +250,10 @@ class WorkerPool:
         *,
         hide_env: Iterable[str] = (),
         launcher: WorkerLauncher | None = None,
+        observer: PoolObserver | None = None,
     ) -> None:
         self.config = config
+        self._observer = observer or PoolObserver()
         self.registry = registry
         # The variables no worker of this pool may hold (it may only grow: see hide_env()).
         self.hidden_env: frozenset[str] = API_KEY_ENV_VARS | frozenset(hide_env)
@@ -267,7 +270,7 @@ class WorkerPool:
         self._sock: zmq.asyncio.Socket | None = None
         self._zap: ZapAllowList | None = None
         self._keys_of: dict[str, bytes] = {}  # worker id -> the public key made for it (tcp)
-        self.spoofed = 0  # frames dropped: sent under another worker's name (tcp + CURVE)
+        self._spoofed = 0  # frames dropped: sent under another worker's name (tcp + CURVE)
         self._server_keys: CurveKeys | None = None
         self._runtime: Path | None = None
         self._endpoint = ""  # what workers connect to
@@ -285,10 +288,7 @@ class WorkerPool:
         # start() to aclose(); ``_tasks`` is the same set, kept to cancel them at the close.
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self.on_broken: Callable[[str, str], None] | None = None  # (worker id, reason), for tests
-        # A handshake refused, or a frame dropped as sent under another worker's key (tcp): why.
-        self.on_refused: Callable[[str], None] | None = None
-        self.error_replies: list[tuple[str, str]] = []  # error answers outside any call
+        self._error_replies: list[tuple[str, str]] = []  # error answers outside any call
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -392,8 +392,7 @@ class WorkerPool:
 
     def _on_refused(self, reason: str) -> None:
         _log.warning("a worker was refused at the handshake: %s", reason)
-        if self.on_refused is not None:
-            self.on_refused(reason)
+        self._tell(lambda: self._observer.on_refused(reason))
 
     async def _start_one(self) -> None:
         await self._await_ready(await self._spawn())
@@ -552,6 +551,17 @@ class WorkerPool:
         """The worker has exited even if its exit callback has not run yet."""
         return worker.launched is not None and worker.launched.has_exited()
 
+    def statistics(self) -> PoolStatistics:
+        """The pool's counters now (a copy: it does not change afterwards)."""
+        return PoolStatistics(self.workers, self._spoofed, tuple(self._error_replies))
+
+    def _tell(self, call: Callable[[], None]) -> None:
+        # The observer is the caller's code: what it raises is logged, never the pool's failure.
+        try:
+            call()
+        except Exception:
+            _log.exception("the pool's observer raised")
+
     @property
     def workers(self) -> dict[str, int]:
         """Live workers: id -> pid (on this machine, else in the worker's own namespace)."""
@@ -682,8 +692,7 @@ class WorkerPool:
             return
         if not worker.killed_on_purpose:
             _log.warning("killing worker %s: %s", worker.worker_id, reason)
-            if self.on_broken is not None:
-                self.on_broken(worker.worker_id, reason)
+            self._tell(lambda: self._observer.on_broken(worker.worker_id, reason))
         worker.killed_on_purpose = True
         worker.kill_reason = worker.kill_reason or reason
         if worker.lease is not None:
@@ -698,8 +707,7 @@ class WorkerPool:
         if worker.dead:
             return
         _log.warning("worker %s is lost: %s", worker.worker_id, reason)
-        if self.on_broken is not None:
-            self.on_broken(worker.worker_id, reason)
+        self._tell(lambda: self._observer.on_broken(worker.worker_id, reason))
         worker.kill_reason = reason
         if worker.launched is not None:
             with contextlib.suppress(Exception):
@@ -795,11 +803,10 @@ class WorkerPool:
             return True
         if expected is None and tcp is not None and key in tcp.allowed:
             return True
-        self.spoofed += 1
+        self._spoofed += 1
         reason = f"a frame for worker {worker_id!r} came under another key ({key.decode()})"
         _log.warning("dropped %s", reason)
-        if self.on_refused is not None:
-            self.on_refused(reason)
+        self._tell(lambda: self._observer.on_refused(reason))
         return False
 
     def _fail(self, reason: str) -> None:
@@ -826,7 +833,9 @@ class WorkerPool:
         match msg:
             case Hello():
                 if msg.protocol != PROTOCOL_VERSION:
-                    self._spawn_task(self._send, worker, Reject(reason="protocol version mismatch"))
+                    self._spawn_task(
+                        self._send, worker, Refused(reason="protocol version mismatch")
+                    )
                     self._kill(worker, "protocol version mismatch")
                     return
                 missing = [n for n in self._worker_registry.names if n not in msg.tools]
@@ -838,7 +847,7 @@ class WorkerPool:
                         f"{', '.join(missing)} (it offers {', '.join(msg.tools) or 'none'}); "
                         f"start it with the same tools (andon worker --tools MODULE:NAME)"
                     )
-                    self._spawn_task(self._send, worker, Reject(reason=reason))
+                    self._spawn_task(self._send, worker, Refused(reason=reason))
                     if not worker.ready.done():
                         worker.ready.set_exception(WorkerError(reason, worker=worker.worker_id))
                         worker.ready.exception()
@@ -860,7 +869,7 @@ class WorkerPool:
             case ErrorReply() if msg.call_id is None or worker.lease is None:
                 # The answer to a frame that was not about a call: note it, keep the worker.
                 _log.warning("worker %s answered an error: %s", worker.worker_id, msg.reason)
-                self.error_replies.append((worker.worker_id, msg.reason))
+                self._error_replies.append((worker.worker_id, msg.reason))
             case _:
                 lease = worker.lease
                 if lease is None:

@@ -49,8 +49,8 @@ __all__ = [
     "ENGINE_URL_VAR",
     "IMAGE_LABEL",
     "PodmanService",
+    "engine_host_mounts",
     "host_mount_paths",
-    "host_mounts",
     "make_worker_image",
     "open_engine",
     "remove_image",
@@ -285,7 +285,7 @@ def open_engine(*, env: Mapping[str, str] | None = None) -> Iterator[DockerClien
 _DIRS: Final = ("usr", "etc", "tmp", "proc", "sys", "dev", "root", "run", "work", "var", "var/tmp")
 _MODES: Final = {"tmp": 0o1777, "var/tmp": 0o1777, "root": 0o700}
 # Merged /usr: these are symlinks into /usr on the host (then mirrored), or real folders (then
-# bind-mounted like /usr, see host_mounts).
+# bind-mounted like /usr, see engine_host_mounts).
 _USR_LINKS: Final = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
 _FILES: Final = {
     "etc/passwd": "root:x:0:0:root:/root:/bin/bash\n",
@@ -351,7 +351,7 @@ def _is_local_podman(client: DockerClient) -> bool:
 
 def make_worker_image(client: DockerClient, tag: str) -> str:
     """Import a tiny image named ``tag`` (``name:tag``; make it unique to the run) and return its
-    reference. It holds no program at all: run it with :func:`host_mounts`.
+    reference. It holds no program at all: run it with :func:`engine_host_mounts`.
 
     The image comes from a tar of a root filesystem (no registry, no build), through the API's
     image import; should a Podman engine refuse that route, through ``podman import`` (only when
@@ -415,7 +415,7 @@ def host_mount_paths() -> list[str]:
     return [str(p) for p in kept]
 
 
-def host_mounts() -> list[Mount]:
+def engine_host_mounts() -> list[Mount]:
     """:func:`host_mount_paths` as docker-py read-only bind mounts (``mounts=`` of
     ``containers.run``/``create``)."""
     from docker.types import Mount

@@ -60,7 +60,7 @@ from andon.workers._group import CallProcesses
 from andon.workers._output import HeadTail
 from andon.workers._pycall import CallProcess, Outcome
 from andon.workers._pycall import spawn as spawn_call_process
-from andon.workers._reaper import ExitStatus, Reaper
+from andon.workers._reaper import Reaper, WaitStatus
 from andon.workers._registry import ArgumentError, Tool, ToolRegistry, validate_arguments
 
 __all__ = ["CallContext", "internal_error_result", "kill_everything", "run_call"]
@@ -430,7 +430,7 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
     )
 
 
-async def _wait_and_sweep(ctx: CallContext, pid: int) -> tuple[ExitStatus, EndedBy, int]:
+async def _wait_and_sweep(ctx: CallContext, pid: int) -> tuple[WaitStatus, EndedBy, int]:
     """Wait for the leader's exit, then sweep what the call left: (status, ended_by, strays).
     Every mode reaches what it counts as a member (pgroup mode by the tag), so nothing is left
     to report as unreachable."""
@@ -512,7 +512,7 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     )
 
 
-def _no_outcome(status: ExitStatus, *, stopped: bool) -> Outcome:
+def _no_outcome(status: WaitStatus, *, stopped: bool) -> Outcome:
     """The call process ended without a result: stopped by a stage, or it died on its own."""
     if stopped:
         return Outcome("", None)  # the supervisor says how it was stopped

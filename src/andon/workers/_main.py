@@ -42,7 +42,7 @@ from andon.protocol import (
     Heartbeat,
     Hello,
     Message,
-    Reject,
+    Refused,
     Run,
     Shutdown,
     Started,
@@ -345,7 +345,7 @@ class Worker:
                 case Welcome():
                     self.heartbeat_interval = msg.heartbeat_interval or None
                     self._welcomed.set()
-                case Reject() | Shutdown():
+                case Refused() | Shutdown():
                     await self._shutdown()
                     raise _Stop
                 case Run():

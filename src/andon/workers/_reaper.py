@@ -14,16 +14,16 @@ import os
 import signal
 from dataclasses import dataclass
 
-__all__ = ["ExitStatus", "Reaper"]
+__all__ = ["Reaper", "WaitStatus"]
 
 
 @dataclass(frozen=True, slots=True)
-class ExitStatus:
+class WaitStatus:
     code: int | None  # exit code, if it exited
     signal: int | None  # signal number, if a signal ended it
 
     @classmethod
-    def from_waitid(cls, result: os.waitid_result) -> ExitStatus:
+    def from_waitid(cls, result: os.waitid_result) -> WaitStatus:
         if result.si_code == os.CLD_EXITED:
             return cls(code=result.si_status, signal=None)
         return cls(code=None, signal=result.si_status)
@@ -33,8 +33,8 @@ class Reaper:
     """Collects child exits; ``await reaper.wait(pid)`` returns that child's status."""
 
     def __init__(self) -> None:
-        self._statuses: dict[int, ExitStatus] = {}
-        self._waiters: dict[int, asyncio.Future[ExitStatus]] = {}
+        self._statuses: dict[int, WaitStatus] = {}
+        self._waiters: dict[int, asyncio.Future[WaitStatus]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.generation = 0  # counts reaps; bumps wake ``wait_change``
         self._changed: asyncio.Event | None = None
@@ -59,7 +59,7 @@ class Reaper:
         process group it leads, cannot be reused: only then may a bare number be signalled."""
         return pid in self._waiters
 
-    async def wait(self, pid: int) -> ExitStatus:
+    async def wait(self, pid: int) -> WaitStatus:
         if pid not in self._statuses and pid not in self._waiters:
             self.watch(pid)
         if pid in self._statuses:
@@ -101,7 +101,7 @@ class Reaper:
             fut = self._waiters.pop(pid, None)
             if fut is None:
                 continue  # an adopted orphan or a stray: reaped, nothing more to do
-            status = ExitStatus.from_waitid(result)
+            status = WaitStatus.from_waitid(result)
             self._statuses[pid] = status
             if not fut.done():
                 fut.set_result(status)

@@ -1,0 +1,253 @@
+"""The ``bench`` subcommand: its arguments, the checks of them, the kinds it runs and the tables
+it prints (the measurements are in the sibling modules)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from typing import Any
+
+from andon.base import GracePolicy
+
+from ._stats import ms, table
+
+__all__ = ["register", "run"]
+
+KINDS = ("interrupt", "exit", "dispatch", "recovery", "all")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench", help="benchmarks, each beside its floor: a table and optionally a PNG plot"
+    )
+    p.add_argument("kind", nargs="?", default="interrupt", choices=KINDS)
+    p.add_argument("--runs", type=int, default=30, help="runs per scenario (default 30)")
+    p.add_argument("--scenario", action="append", default=None, metavar="NAME", help="repeatable")
+    p.add_argument("--grace", default="0.2,0.3", help="TERM,KILL seconds (default 0.2,0.3)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the cancel-moment RNG")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--plot", metavar="FILE.png", help="latency distribution per scenario")
+    p.add_argument("--max-events", type=int, default=1_000_000, help="recovery: largest log")
+    p.add_argument(
+        "--remote",
+        choices=("auto", "off"),
+        default="auto",
+        help="dispatch, interrupt: add tcp + CURVE and container worker rows (default auto: "
+        "containers where an engine can be used)",
+    )
+    p.add_argument("--engine", metavar="URL", help="the container engine for those rows")
+    p.add_argument("--image", metavar="IMAGE", help="with --engine: an image with andon in it")
+    p.set_defaults(command="bench")
+    return p
+
+
+def _progress(name: str, i: int, n: int) -> None:
+    """A progress bar on a terminal; nothing at all on a pipe or a file (a CI log must not fill
+    with carriage returns and escape codes)."""
+    if not _is_terminal(sys.stderr):
+        return
+    width = 20
+    done = width * (i + 1) // n
+    bar = "#" * done + "." * (width - done)
+    sys.stderr.write(f"\r\033[K{name:<16} [{bar}] {i + 1}/{n}")
+    sys.stderr.flush()
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _end_progress() -> None:
+    if _is_terminal(sys.stderr):
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``andon bench`` as parsed by the parser ``register`` built; returns the exit code."""
+    from ._interrupt import SCENARIOS
+
+    try:
+        grace = GracePolicy.parse(args.grace)
+    except ValueError as e:
+        print(f"andon bench: {e}", file=sys.stderr)
+        return 2
+    if args.runs < 1:
+        print("andon bench: --runs must be at least 1", file=sys.stderr)
+        return 2
+    names = args.scenario or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(
+            f"andon bench: unknown scenario {unknown[0]!r} (one of {', '.join(SCENARIOS)})",
+            file=sys.stderr,
+        )
+        return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("andon bench: --plot needs matplotlib: pip install andon[plot]", file=sys.stderr)
+            return 2
+    kinds = ["interrupt", "exit", "dispatch", "recovery"] if args.kind == "all" else [args.kind]
+    if (args.engine is None) != (args.image is None):
+        print("andon bench: --engine and --image go together", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        engine: Any = "off (--remote off)"
+        if args.remote != "off" and {"interrupt", "dispatch"} & set(kinds):
+            from ._remote import engine_for_bench
+
+            engine = stack.enter_context(engine_for_bench(args.engine, args.image))
+        return _run_kinds(args, kinds, names, grace, engine)
+
+
+def _run_kinds(
+    args: argparse.Namespace, kinds: list[str], names: list[str], grace: GracePolicy, engine: Any
+) -> int:
+    out: dict[str, Any] = {}
+    code = 0
+    texts = []
+    for kind in kinds:
+        if kind == "interrupt":
+            data, text, bad = _interrupt_report(args, names, grace)
+            code = max(code, 1 if bad else 0)
+            if args.remote != "off":
+                from ._remote import remote_interrupt_rows
+
+                rows, notes = asyncio.run(
+                    remote_interrupt_rows(args.runs, grace, engine, _progress)
+                )
+                data["remote"] = rows
+                text += "\n\n" + _remote_table(
+                    "cancel -> result by where the worker runs", rows, notes
+                )
+        elif kind == "exit":
+            from ._exit import run_exit
+
+            data, text, bad = run_exit(args.runs, args.grace, args.seed, _progress)
+            code = max(code, 1 if bad else 0)
+        elif kind == "dispatch":
+            from ._dispatch import run_dispatch
+
+            data, text = asyncio.run(run_dispatch(args.runs, _progress))
+            if args.remote != "off":
+                from ._remote import remote_dispatch_rows
+
+                rows, notes = asyncio.run(remote_dispatch_rows(args.runs, engine, _progress))
+                data["remote"] = rows
+                text += "\n\n" + _remote_table("dispatch by where the worker runs", rows, notes)
+        else:
+            from ._recovery import run_recovery
+
+            data, text = run_recovery(args.max_events, _progress)
+        _end_progress()
+        out[kind] = data
+        texts.append(text)
+    if args.json:
+        print(json.dumps(out if len(kinds) > 1 else out[kinds[0]], indent=2))
+    else:
+        print("\n\n".join(texts))
+    if args.plot and "interrupt" in out:
+        from ._plot import plot
+
+        plot(out["interrupt"], args.plot)
+        print(f"andon: plot: {args.plot}", file=sys.stderr)
+    return code
+
+
+def _remote_table(title: str, rows: dict[str, Any], notes: list[str]) -> str:
+    body = table(
+        ["path", "p50", "p95", "p99", "max"],
+        [[k, ms(s["p50"]), ms(s["p95"]), ms(s["p99"]), ms(s["max"])] for k, s in rows.items()],
+    )
+    return "\n".join([f"{title} (ms); each beside its floor", body, *notes])
+
+
+def _interrupt_report(
+    args: argparse.Namespace, names: list[str], grace: GracePolicy
+) -> tuple[dict[str, Any], str, bool]:
+    from ._interrupt import run_interrupt
+
+    results, containment = asyncio.run(run_interrupt(names, args.runs, grace, args.seed, _progress))
+    data: dict[str, Any] = {
+        "runs": args.runs,
+        "grace": grace.to_dict(),
+        "seed": args.seed,
+        "containment": containment,
+        "scenarios": {name: r.to_json() for name, r in results.items()},
+    }
+    rows = []
+    bad = False
+    for name, r in results.items():
+        j = data["scenarios"][name]
+        lat = j["latency"]
+        floor = j.get("floor")
+        if not r.reference and (j["survivors_max"] or j["bytes_after_max"]):
+            bad = True
+        rows.append(
+            [
+                name + (" (ref)" if r.reference else ""),
+                ",".join(f"{k}×{v}" for k, v in sorted(j["ended_by"].items())),
+                ms(lat["p50"]),
+                ms(lat["p95"]),
+                ms(lat["p99"]),
+                ms(lat["max"]),
+                ms(floor["p50"] if floor else None),
+                ms(floor["p99"] if floor else None),
+                ms(j["overhead_p50"]),
+                ms(j["overhead_p99"]),
+                j["survivors_max"],
+                j["bytes_after_max"],
+                j.get("floor_leaves_max", "—"),
+            ]
+        )
+        if "floor_everything" in j:
+            every = j["floor_everything"]
+            rows.append(
+                [
+                    f"{name} vs stop-all",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    ms(every["p50"]),
+                    ms(every["p99"]),
+                    ms(j["overhead_everything_p50"]),
+                    ms(j["overhead_everything_p99"]),
+                    "",
+                    "",
+                    0,
+                ]
+            )
+    headers = [
+        "scenario",
+        "ended by",
+        "p50",
+        "p95",
+        "p99",
+        "max",
+        "floor p50",
+        "floor p99",
+        "+p50",
+        "+p99",
+        "survivors",
+        "bytes after",
+        "floor leaves",
+    ]
+    text = (
+        f"cancel -> durable turn/end (ms); {args.runs} runs per scenario; grace "
+        f"{grace.term_after},{grace.kill_after}; containment {containment}; seed {args.seed}\n"
+        "+p50/+p99: beyond the floor where there is one, else beyond the start of the grace "
+        "stage that ended the call; survivors and bytes after: max over runs, 100 ms after "
+        "turn/end\n" + table(headers, rows)
+    )
+    return data, text, bad
