@@ -129,6 +129,28 @@ async def test_an_observer_that_raises_does_not_stop_the_pool(
         assert again.error is not None and again.error.code is ErrorCode.WORKER_LOST
 
 
+async def test_a_result_after_an_error_reply_does_not_replace_worker_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker that answers an error about its call is written off; the result it sends right
+    behind the error is not believed, even when both are queued before the executor reads the
+    first (docs/workers.md, The grace policy). Each trial is a fresh worker (the last one was
+    killed), so the trials are independent; whether the result is queued before the executor
+    handles the error depends on how the frames arrive, and the answer must not."""
+    config = WorkerPoolConfig(size=1, containment="subreaper", worker_fault="error-before-result")
+    reg = registry()
+    caplog.set_level("WARNING", logger="andon.executor")
+    async with WorkerPool(config, reg) as pool:
+        executor = ToolExecutor(pool, reg)
+        for i in range(12):
+            call = f"c1-{i + 1}-1"
+            outcome = await executor.execute(bash(call, "echo done"), AbortController().signal)
+            assert outcome.ended_by == "worker-lost", (call, outcome.content)
+            assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
+            assert "an error before the result" in outcome.error.message
+            assert leftovers(call_entry(executor.identity, call)) == []
+
+
 async def test_cancel_for_a_finished_call_is_ignored() -> None:
     async with running_pool("subreaper") as (pool, executor):
         done = await executor.execute(bash("c1-1-1", "true"), AbortController().signal)

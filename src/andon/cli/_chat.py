@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _job(args: argparse.Namespace) -> _Job:
     from andon.base import LogCorrupted, LogFormatUnsupported
-    from andon.cli._run import load_model, new_session_dir
+    from andon.cli._sessions import new_session_dir
+    from andon.cli._setup import load_model
     from andon.session import fold_state, read
 
     flags = {k: v for k, v in vars(args).items() if k not in ("session",)}
@@ -220,7 +221,7 @@ async def _chat(job: _Job) -> int:
     out.line(_HELP, "dim")
     if sum(job.queued):
         out.line(f"{sum(job.queued)} queued item(s) parked; Enter on an empty line runs them")
-    from andon.cli._run import agent_options
+    from andon.cli._setup import agent_options
 
     options = agent_options(
         job.settings,

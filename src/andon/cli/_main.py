@@ -3,10 +3,12 @@
 Every user mistake becomes one clear line on stderr and exit code 2; a traceback is shown only with
 ``--debug``. Commands that exist in the design but are not built yet are not offered here.
 
-``andon run`` / ``andon resume`` live in ``andon.cli._run`` (the job, signals, exit codes),
-``andon.cli._output`` (what is printed) and ``andon.cli._settings`` (flags, ``ANDON_*``,
-``andon.toml``); this module parses arguments and checks everything a user can get wrong before
-the agent starts.
+``andon run`` / ``andon resume`` live in ``andon.cli._run`` (the job and its exit code),
+``andon.cli._signals`` and ``andon.cli._ladder`` (signals before and during the loop),
+``andon.cli._output`` (what is printed), ``andon.cli._settings`` (flags, ``ANDON_*``,
+``andon.toml``), ``andon.cli._setup`` (the model and agent options they give) and
+``andon.cli._sessions`` (where sessions live); this module parses arguments and checks everything
+a user can get wrong before the agent starts.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ def _describe(error: BaseException) -> str:
 
 def _session_dir(value: str) -> Path:
     """A session folder given as a path, or as a session id (a folder under the sessions root)."""
-    from andon.cli._run import sessions_root
+    from andon.cli._sessions import sessions_root
 
     path = Path(value)
     if not path.is_dir() and value and os.sep not in value and value not in (".", ".."):
@@ -266,7 +268,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         case "repair":
             return _repair(_session_dir(args.session), dry_run=args.dry_run)
         case "sessions":
-            from andon.cli._run import sessions_root
+            from andon.cli._sessions import sessions_root
 
             return _sessions(sessions_root(), as_json=args.json)
         case "run" | "resume":
@@ -334,8 +336,10 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _job(args: argparse.Namespace) -> RunJob:
     """Everything ``run``/``resume`` needs, checked before any process starts (errors exit 2)."""
-    from andon.cli._run import RunJob, load_model, new_session_dir
+    from andon.cli._run import RunJob
+    from andon.cli._sessions import new_session_dir
     from andon.cli._settings import resolve
+    from andon.cli._setup import load_model
     from andon.session import fold_state, read
 
     settings = resolve(vars(args))

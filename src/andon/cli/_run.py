@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 import time
@@ -30,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon.base import ConfigError, Disposed, User, session_id
+from andon.base import Disposed
+from andon.cli._ladder import HoldingLoop, LoopSignals
 from andon.cli._output import (
     JsonOutput,
     Output,
@@ -41,19 +41,10 @@ from andon.cli._output import (
 )
 from andon.cli._prices import cost
 from andon.cli._settings import Settings
-from andon.cli._signals import LEDGER, record_only
-from andon.cli._workers import launcher_of
-from andon.llm import Model, from_spec
+from andon.cli._setup import agent_options
+from andon.llm import Model
 
-__all__ = [
-    "RunJob",
-    "agent_options",
-    "exit_code_for",
-    "new_session_dir",
-    "run_job",
-    "runtime_root",
-    "sessions_root",
-]
+__all__ = ["RunJob", "exit_code_for", "run_job"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -97,92 +88,6 @@ class RunJob:
     session_id: str | None = None  # a new session's id (its folder under the root is named so)
 
 
-@dataclass
-class _Signals:
-    """What a signal does during the loop; the handlers run on the loop (never inside a callback
-    of ours). The counts live in the process-wide ledger, so a signal received before the loop
-    started counts as the first."""
-
-    out: Output
-    session: Path
-    agent: Any = None  # the Agent once it exists
-
-    @property
-    def first(self) -> int | None:
-        return LEDGER.first
-
-    def install(self, loop: asyncio.AbstractEventLoop) -> None:
-        LEDGER.early = False  # from here on a signal stops the run instead of unwinding main
-        for signum in LEDGER.handled:
-            loop.add_signal_handler(signum, self.on_signal, signum)
-
-    def on_signal(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        LEDGER.record(signum)
-        agent = self.agent
-        if LEDGER.count == 1:
-            cause = User() if signum == signal.SIGINT else Disposed()
-            if agent is None:
-                say(f"{name}: stopping before the agent started")
-                return
-            self.out.stopping(name, cause.kind)
-            agent.cancel(cause)
-        elif LEDGER.count == 2 or signum != signal.SIGINT:
-            if agent is not None:
-                self.out.forcing(name)
-                agent.cancel(User(), force=True)  # the first cause stays; force kills now
-        else:
-            self.hard_exit()
-
-    def hard_exit(self) -> None:
-        """Third Ctrl-C: SIGKILL the processes of every tool call still running, then exit at
-        once. The workers see this process die (pidfd) and exit; the next load repairs the log.
-
-        The calls' processes are found as crash repair finds them (their tag and start time, or
-        their proven cgroup, from the log): never a bare group id, which by now may be another
-        session's."""
-        from andon.session import kill_in_flight, read
-
-        killed = 0
-        with contextlib.suppress(Exception):
-            killed = kill_in_flight(read(self.session))
-        calls = len(self.out.tracker.in_flight)
-        say(
-            f"SIGINT a third time: killed {killed} process(es) of {calls} tool call(s); exiting now"
-        )
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-        os._exit(128 + (self.first or signal.SIGINT))
-
-
-class HoldingLoop(asyncio.SelectorEventLoop):
-    """The event loop of ``andon run``: when it lets go of a signal (at close), the signal goes
-    to the recording handler in one swap, never through the default action.
-
-    The base loop restores ``SIG_DFL`` (``default_int_handler`` for SIGINT) when it closes; a
-    signal after that, delivered to any thread of the process (the log's sync thread, say), would
-    kill andon by the default action and change its exit status after ``run/summary`` was
-    printed. Blocking the signals would not help: a mask is per thread.
-    """
-
-    def remove_signal_handler(self, sig: int) -> bool:
-        if sig not in LEDGER.handled:
-            return super().remove_signal_handler(sig)
-        signal.signal(sig, record_only)  # atomic: from the loop's handler straight to ours
-        # The loop's wakeup socket is about to close; a signal must not be written to it.
-        signal.set_wakeup_fd(-1)
-        return True
-
-
-def load_model(spec: str | None, thinking: bool | None) -> Model:
-    if not spec:
-        raise ConfigError(
-            "no model: give --model SPEC (or ANDON_MODEL, or model = ... in andon.toml), e.g. "
-            "--model deepseek-v4-flash or --model script:examples/ci-build/script.yaml"
-        )
-    return from_spec(spec, thinking=thinking)
-
-
 def run_job(job: RunJob) -> int:
     """Run ``job`` on a fresh event loop and return the exit code."""
     # The loop hands its signals to the recording handler when it closes (HoldingLoop): from
@@ -195,12 +100,12 @@ async def _run(job: RunJob) -> int:
     loop = asyncio.get_running_loop()
     install_log_handler()
     out = _output(job)
-    signals = _Signals(out, job.session)
+    signals = LoopSignals(out, job.session)
     signals.install(loop)  # first, before anything else starts
     return await _run_installed(job, out, signals)
 
 
-async def _run_installed(job: RunJob, out: Output, signals: _Signals) -> int:
+async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
     live = _start_live(out)
     started = time.monotonic()
     outcome = _Outcome()
@@ -299,7 +204,7 @@ class _Outcome:
     session_id: str | None = None  # of the agent that opened (its session/start)
 
 
-async def _drive(job: RunJob, out: Output, signals: _Signals, outcome: _Outcome) -> None:
+async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outcome) -> None:
     """Open the agent, send the prompt (or wake), wait until idle, and take it all down."""
     import andon
     from andon.hooks import TurnBudget
@@ -378,74 +283,3 @@ async def _render(events: Any, out: Output, agent: Any) -> None:
             out.feed(event)
         except StdoutClosed:
             agent.cancel(Disposed())
-
-
-def sessions_root(environ: Mapping[str, str] | None = None) -> Path:
-    """Where new sessions go without ``--session``: ``$ANDON_HOME/sessions``, by default
-    ``${XDG_STATE_HOME:-~/.local/state}/andon/sessions``. Outside the workspace on purpose: tools
-    run there, and a ``git clean -fdx`` or ``rm -rf .andon`` must not delete a live log."""
-    env = os.environ if environ is None else environ
-    home = env.get("ANDON_HOME", "")
-    if home:
-        return Path(home).expanduser().absolute() / "sessions"
-    state = env.get("XDG_STATE_HOME", "")
-    if not state or not os.path.isabs(state):  # the XDG spec: a relative path is ignored
-        state = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "andon" / "sessions"
-
-
-def agent_options(
-    settings: Settings,
-    *,
-    model: Model,
-    cwd: str | None,
-    system_prompt: str | None,
-    session_id: str | None,
-) -> dict[str, Any]:
-    """The ``open_agent`` options every CLI session takes from its settings (``andon run``,
-    ``resume`` and ``chat``), so that one setting cannot reach one command and miss another."""
-    import andon
-
-    return {
-        "model": model,
-        "cwd": cwd,
-        "pool": andon.WorkerPoolConfig(size=settings.workers, runtime_dir=runtime_root()),
-        "grace": settings.grace,
-        "system_prompt": system_prompt,
-        "tool_timeout": settings.tool_timeout,
-        "pass_env": settings.pass_env,
-        "session_id": session_id,
-        "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
-    }
-
-
-def runtime_root(environ: Mapping[str, str] | None = None) -> str | None:
-    """Where the worker pool keeps its private socket folder: ``$XDG_RUNTIME_DIR`` if it is a
-    folder, else ``run/`` beside the sessions root (created 0700). Never ``/tmp`` by default: a
-    tool's ``rm -rf /tmp/*`` (a common CI clean-up) would delete the socket, and no replacement
-    worker could reach the pool again. ``None`` (the pool's own fallback) if it cannot be made."""
-    env = os.environ if environ is None else environ
-    xdg = env.get("XDG_RUNTIME_DIR", "")
-    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
-        return xdg
-    run = sessions_root(env).parent / "run"
-    try:
-        run.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return str(run)
-
-
-def new_session_dir() -> Path:
-    """A new session's folder under the root (the root is created with its parents, 0700), named
-    by a fresh session id: pass ``session_id=path.name`` to ``open_agent`` so that its
-    ``session/start`` records the same id."""
-    root = sessions_root()
-    try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(
-            f"cannot create the sessions folder {root}: {e.strerror or e} (set ANDON_HOME, or "
-            "give --session DIR)"
-        ) from None
-    return root / session_id()

@@ -9,7 +9,7 @@ the process, in three phases:
   handler records the signal and raises :class:`Stopped`, which ``main`` turns into one line and
   exit code 128 + the signal's number. Nothing exists to stop, and no session folder was created.
 * **loop** (``andon run``): the event loop's handlers (``loop.add_signal_handler``) replace the
-  early ones; they record into the same ledger and stop the agent (``andon.cli._run._Signals``).
+  early ones; they record into the same ledger and stop the agent (``andon.cli._ladder``).
 * **late** (after the loop, until the process exits): the loop's own close would restore the
   default actions, under which a second signal kills the process and changes its exit status. The
   signals are blocked before the loop ends and handed to a handler that only records: the first

@@ -649,6 +649,18 @@ class _RunningCall:
 
     async def _handle(self, item: object) -> ToolOutcome | None:
         match item:
+            case Started() | Output() | Signalled() | Result() | ErrorReply() if isinstance(
+                self.timeline, Lost
+            ):
+                # The worker was written off (an error reply, a send that failed, no answer to
+                # SIGKILL): nothing more it says is believed, not even what the pool queued
+                # before it began to drop the worker's frames (docs/workers.md, The grace
+                # policy). Its exit, or the ``Lost`` deadline, answers the call: WORKER_LOST.
+                _log.warning(
+                    "call %s: a %r from a worker already written off is not believed",
+                    self.request.call_id,
+                    item.type,
+                )
             case Started():
                 self.started = item
                 self._observe("on_started", item, self.lease.worker_id)
@@ -668,9 +680,7 @@ class _RunningCall:
             case Result():
                 # The call is over: the worker sends its result only after its sweep left none of
                 # the call's processes it can reach. An ``_ABORT`` still queued behind it is never
-                # read (the call ended on its own first, and keeps its own result). A result
-                # queued before the worker was written off is still taken; the pool drops only
-                # what it hears after deciding to kill the worker.
+                # read (the call ended on its own first, and keeps its own result).
                 self.result_received = True
                 self.last_result = item
                 return self._from_result(item)

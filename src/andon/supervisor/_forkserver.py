@@ -17,7 +17,7 @@ import os
 import signal as _signal
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import multiprocess
 import multiprocess.context
@@ -34,6 +34,7 @@ from andon.supervisor._launch import (
 )
 from andon.workers import (
     CgroupTree,
+    WorkerFault,
     WorkerOptions,
     cgroup2_root,
     detect_mode,
@@ -67,7 +68,7 @@ class ForkserverLauncher(WorkerLauncher):
         self,
         containment: ContainmentSetting = "auto",
         *,
-        worker_fault: Literal["garbage-after-started"] | None = None,
+        worker_fault: WorkerFault | None = None,
     ) -> None:
         self.containment: Containment = detect_mode(containment)
         self._fault = worker_fault

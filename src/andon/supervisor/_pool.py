@@ -36,7 +36,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import zmq
@@ -73,7 +73,7 @@ from andon.protocol import (
 from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
 from andon.supervisor._pool_watch import PoolObserver, PoolStatistics
-from andon.workers import ToolRegistry
+from andon.workers import ToolRegistry, WorkerFault
 
 __all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 
@@ -131,7 +131,7 @@ class WorkerPoolConfig:
     runtime_dir: str | None = None  # parent of the private 0700 folder; default XDG/tmp
     tcp: TcpListen | None = None  # for launchers whose workers dial tcp
     # Tests only: make every worker break the protocol on purpose (see WorkerOptions.fault).
-    worker_fault: Literal["garbage-after-started"] | None = None
+    worker_fault: WorkerFault | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:

@@ -6,7 +6,7 @@ from andon.workers._containment import (
     cgroup2_root,
     detect_mode,
 )
-from andon.workers._main import WorkerOptions, worker_main
+from andon.workers._main import WorkerFault, WorkerOptions, worker_main
 from andon.workers._program import (
     KEYS_END,
     WorkerProgram,
@@ -33,6 +33,7 @@ __all__ = [
     "Tool",
     "ToolKind",
     "ToolRegistry",
+    "WorkerFault",
     "WorkerOptions",
     "WorkerProgram",
     "cgroup2_root",

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import zmq
 import zmq.asyncio
@@ -43,6 +43,7 @@ from andon.protocol import (
     Hello,
     Message,
     Refused,
+    Result,
     Run,
     Shutdown,
     Started,
@@ -61,7 +62,13 @@ from andon.workers._containment import (
 from andon.workers._reaper import Reaper
 from andon.workers._registry import ToolRegistry
 
-__all__ = ["WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
+__all__ = ["WorkerFault", "WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
+
+WorkerFault: TypeAlias = Literal["garbage-after-started", "error-before-result"]
+"""A protocol fault a test asks every worker of a pool to commit, as a buggy or hostile worker
+would: ``garbage-after-started``, frames that are no message right after ``started``;
+``error-before-result``, an ``error`` about the call sent right before its ``result`` (the
+supervisor must take the call as lost, not believe the result that follows)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class WorkerOptions:
     detach: bool = True  # leave the session and point fds 0/1/2 at the log (local workers)
     # Tests only: break the protocol on purpose, as a buggy or hostile worker would. Tools cannot
     # do it themselves: they run in call processes, away from the worker's socket.
-    fault: Literal["garbage-after-started"] | None = None
+    fault: WorkerFault | None = None
 
 
 def worker_main(options: WorkerOptions) -> None:
@@ -265,6 +272,9 @@ class Worker:
 
     async def send(self, msg: Message) -> None:
         assert self._sock is not None
+        if self.options.fault == "error-before-result" and isinstance(msg, Result):
+            reason = "a test fault: an error before the result"
+            await send_message(self._sock, ErrorReply(reason=reason, call_id=msg.call_id))
         await send_message(self._sock, msg)
         if self.options.fault == "garbage-after-started" and isinstance(msg, Started):
             # A test fault: frames that are no message at all, so framed by hand on purpose.

@@ -1,0 +1,49 @@
+"""What every CLI session opens with (``andon run``, ``resume`` and ``chat``): the model its
+settings name and the ``open_agent`` options they give, in one place so that a setting cannot
+reach one command and miss another."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from andon.base import ConfigError
+from andon.cli._sessions import runtime_root
+from andon.cli._settings import Settings
+from andon.cli._workers import launcher_of
+from andon.llm import Model, from_spec
+
+__all__ = ["agent_options", "load_model"]
+
+
+def load_model(spec: str | None, thinking: bool | None) -> Model:
+    if not spec:
+        raise ConfigError(
+            "no model: give --model SPEC (or ANDON_MODEL, or model = ... in andon.toml), e.g. "
+            "--model deepseek-v4-flash or --model script:examples/ci-build/script.yaml"
+        )
+    return from_spec(spec, thinking=thinking)
+
+
+def agent_options(
+    settings: Settings,
+    *,
+    model: Model,
+    cwd: str | None,
+    system_prompt: str | None,
+    session_id: str | None,
+) -> dict[str, Any]:
+    """The ``open_agent`` options every CLI session takes from its settings (``andon run``,
+    ``resume`` and ``chat``), so that one setting cannot reach one command and miss another."""
+    import andon
+
+    return {
+        "model": model,
+        "cwd": cwd,
+        "pool": andon.WorkerPoolConfig(size=settings.workers, runtime_dir=runtime_root()),
+        "grace": settings.grace,
+        "system_prompt": system_prompt,
+        "tool_timeout": settings.tool_timeout,
+        "pass_env": settings.pass_env,
+        "session_id": session_id,
+        "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
+    }
