@@ -10,11 +10,12 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Final
 
 import andon
 from andon.base import Clock, GracePolicy, SystemClock
 from andon.base import session_id as new_session_id
-from andon.llm import Model
+from andon.llm import API_KEY_ENV_VARS, Model
 from andon.session import (
     FORMAT_VERSION,
     ModelInfo,
@@ -41,8 +42,10 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 # Model API keys never reach a tool's environment, nor that of any process andon starts (a tool
-# can read its worker's /proc/<pid>/environ): the pool starts its workers without them.
-SECRET_ENV = ("DEEPSEEK_API_KEY", "OPENAI_API_KEY", "ANDON_API_KEY")
+# can read its worker's /proc/<pid>/environ): the pool starts its workers without them. The names
+# are the llm layer's (declared once there): a key variable added for a new provider is hidden
+# from the tools by the same change.
+SECRET_ENV: Final[tuple[str, ...]] = tuple(sorted(API_KEY_ENV_VARS))
 
 
 def _secret_names(model: Model, secret_env: Sequence[str]) -> tuple[str, ...]:
