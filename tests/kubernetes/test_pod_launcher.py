@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from andon.base import ConfigError, ErrorCode, WorkerError
+from andon.protocol import CurveKeys, key_to_hex
 from andon.supervisor import (
     PodLauncher,
     PoolSetup,
@@ -118,6 +119,30 @@ async def test_a_call_runs_in_its_pod_and_the_close_leaves_nothing(
     assert _deletes(cluster, name)
     assert cluster.pods() == [] and cluster.secrets() == []
     assert cluster.processes(name) == []
+
+
+async def test_a_server_key_with_dollars_reaches_the_worker_in_its_pod(
+    cluster: FakeKubernetes,
+) -> None:
+    """Kubernetes expands ``$(VAR)`` and ``$$`` in a container's args, and Z85 has ``$``: a
+    server key with ``$$`` reached the worker one character short (exit code 2, about one Pod
+    start in two hundred). The launcher writes the key in hex."""
+    keys = next(k for k in iter(CurveKeys.generate, None) if b"$$" in k.public)
+    config = WorkerPoolConfig(
+        size=1,
+        heartbeat_interval=FAST,
+        start_timeout=60,
+        tcp=TcpListen("tcp://127.0.0.1:0", server_keys=keys),
+    )
+    async with WorkerPool(config, default(), launcher=launcher_for(cluster)) as pool:
+        [pod] = _our_pods(cluster)
+        executor = ToolExecutor(pool, pool.registry)
+        task, _, _ = await start(executor, _bash("c1-1-1", "echo in-the-pod"))
+        outcome = await asyncio.wait_for(task, 30)
+    assert outcome.content.startswith("in-the-pod"), outcome.content
+    [container] = pod["spec"]["containers"]
+    assert f"--server-key={key_to_hex(keys.public)}" in container["command"]
+    assert "$" not in " ".join(container["command"])
 
 
 async def test_two_pools_on_one_cluster_never_touch_each_others_pods(

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,7 +21,16 @@ import zmq
 import zmq.asyncio
 
 from andon.base import ErrorCode, GracePolicy, WorkerError, procs
-from andon.protocol import CurveKeys, ErrorReply, curve_client, encode, load_keys, load_public_keys
+from andon.protocol import (
+    CurveKeys,
+    ErrorReply,
+    curve_client,
+    encode,
+    key_from_text,
+    key_to_hex,
+    load_keys,
+    load_public_keys,
+)
 from andon.supervisor import (
     CommandLauncher,
     LaunchedWorker,
@@ -239,6 +249,41 @@ async def test_a_worker_without_a_tool_of_the_session_is_refused_with_the_names(
     with pytest.raises(WorkerError, match="does not offer the tools only_here"):
         async with WorkerPool(config, registry, launcher=_local_launcher()):
             pass
+
+
+# What ssh does with the command it is given: join the words with spaces and hand the line to
+# the remote user's shell.
+_JOIN_AND_SHELL = "import os, sys; os.execvp('sh', ['sh', '-c', ' '.join(sys.argv[1:])])"
+_LIKE_SSH = [sys.executable, "-c", _JOIN_AND_SHELL]
+_SHELL_WORDS = frozenset(b"$()&<>*?[]{}#!")
+
+
+async def test_a_worker_started_through_a_remote_shell_gets_the_server_key_unchanged() -> None:
+    """A remote shell (``ssh HOST``) reads the worker's command line again: Z85 has ``$ ( ) &
+    < > * ? [ ] { } # !``, so the key reached the worker changed, or the line did not parse at
+    all. The launcher writes the key in hex, which no shell changes."""
+    keys = next(
+        k for k in iter(CurveKeys.generate, None) if len(_SHELL_WORDS.intersection(k.public)) >= 3
+    )
+    config = WorkerPoolConfig(
+        size=1, heartbeat_interval=0.5, tcp=TcpListen("tcp://127.0.0.1:0", server_keys=keys)
+    )
+    worker = [shlex.quote(word) for word in ANDON]  # as a user writes it for the remote shell
+    launcher = CommandLauncher(_LIKE_SSH, worker_command=worker, same_machine=True)
+    async with WorkerPool(config, default(), launcher=launcher) as pool:
+        executor = ToolExecutor(pool, pool.registry)
+        task, _, _ = await start(executor, _bash("c1-1-1", "echo through-a-shell"))
+        outcome = await asyncio.wait_for(task, 30)
+    assert outcome.content.startswith("through-a-shell"), outcome.content
+
+
+@pytest.mark.parametrize("spelling", ["z85", "hex"])
+def test_the_worker_reads_a_server_key_in_z85_or_in_hex(spelling: str) -> None:
+    keys = CurveKeys.generate()
+    text = keys.public.decode() if spelling == "z85" else key_to_hex(keys.public)
+    assert key_from_text(text) == keys.public
+    assert key_from_text(text[:-1]) is None
+    assert key_from_text("g" * 64) is None  # 64 characters, not hex
 
 
 async def test_a_server_key_that_begins_with_a_dash_reaches_the_worker() -> None:

@@ -117,8 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--server-key",
         metavar="KEY|FILE",
-        help="the supervisor's CURVE public key (tcp); write --server-key=KEY, as a key may "
-        "begin with '-'",
+        help="the supervisor's CURVE public key (tcp): 40 Z85 characters (write "
+        "--server-key=KEY, as one may begin with '-'), 64 hex digits, or a file holding it",
     )
     worker.add_argument(
         "--keys", metavar="FILE|-", help="this worker's CURVE secret key file ('-': on stdin)"
@@ -313,11 +313,13 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _server_key(value: str) -> bytes:
-    """A Z85 public key as it is, or a file holding exactly one."""
-    from andon.protocol import load_public_keys
+    """A public key (40 Z85 characters or 64 hex digits, as launchers write it), or a file
+    holding exactly one."""
+    from andon.protocol import key_from_text, load_public_keys
 
-    if len(value) == 40 and not Path(value).exists():
-        return value.encode("ascii")
+    key = key_from_text(value)
+    if key is not None and not Path(value).exists():
+        return key
     found = load_public_keys(Path(value))
     if len(found) != 1:
         raise ConfigError(f"--server-key {value}: holds {len(found)} keys, not one")

@@ -49,6 +49,8 @@ __all__ = [
     "curve_client",
     "curve_server",
     "is_loopback",
+    "key_from_text",
+    "key_to_hex",
     "load_keys",
     "load_public_keys",
     "write_keys",
@@ -80,6 +82,31 @@ def _key_problem(key: object) -> str | None:
     except (ValueError, struct.error):  # e.g. "#####" encodes a number over 2**32
         return "a CURVE key is Z85 text, this one does not decode"
     return None
+
+
+def key_to_hex(key: bytes) -> str:
+    """A Z85 public key as 64 hex digits: the spelling launchers put on a worker's command line.
+
+    Z85 has ``$ ( ) & < > * ? [ ] { } # !`` and may begin with ``-``: a remote shell (``ssh``
+    joins its arguments for one) or Kubernetes' ``$(VAR)`` expansion in a Pod's args would
+    change the key, and argparse would take it for an option. Hex passes through all of them."""
+    problem = _key_problem(key)
+    if problem is not None:
+        raise ValueError(problem)
+    return bytes(z85.decode(key)).hex()
+
+
+def key_from_text(text: str) -> bytes | None:
+    """The Z85 public key ``text`` spells, as 40 Z85 characters or 64 hex digits; None if it
+    is neither (a file name, say)."""
+    if len(text) == 2 * _RAW_KEY_LENGTH:
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            return None
+        return bytes(z85.encode(raw))
+    key = text.encode("ascii", "replace")
+    return key if _key_problem(key) is None else None
 
 
 def _require_curve() -> None:

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from andon.base import WorkerError, procs
-from andon.protocol import Started
+from andon.protocol import Started, key_to_hex
 from andon.supervisor._launch import (
     LaunchedWorker,
     PidfdWorker,
@@ -99,9 +99,9 @@ class CommandLauncher(WorkerLauncher):
         ]
         secret: bytes | None = None
         if spec.worker_keys is not None and spec.server_key is not None:
-            # One word with "=": a Z85 key may begin with "-", which argparse would take for
-            # an option (seen: a worker failing to start about once in twenty).
-            argv += [f"--server-key={spec.server_key.decode('ascii')}", "--keys", "-"]
+            # In hex: a Z85 key may begin with "-" (argparse would take an option) and has
+            # characters a remote shell (ssh joins its arguments for one) would interpret.
+            argv += [f"--server-key={key_to_hex(spec.server_key)}", "--keys", "-"]
             secret = spec.worker_keys.certificate() + KEYS_END
         elif self.insecure:
             argv.append("--insecure")

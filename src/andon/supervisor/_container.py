@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from andon.base import ConfigError, WorkerError
+from andon.protocol import key_to_hex
 from andon.supervisor._launch import (
     LaunchedWorker,
     PoolSetup,
@@ -178,9 +179,9 @@ class ContainerLauncher(WorkerLauncher):
         keys = None
         if spec.worker_keys is not None and spec.server_key is not None:
             keys = _key_archive(spec.worker_keys.certificate())
-            # One word with "=": a Z85 key may begin with "-", which argparse would take for
-            # an option (seen: a worker failing to start about once in twenty).
-            command.append(f"--server-key={spec.server_key.decode('ascii')}")
+            # In hex, as every launcher writes it: a Z85 key may begin with "-", which argparse
+            # would take for an option, and has characters a shell or Kubernetes would interpret.
+            command.append(f"--server-key={key_to_hex(spec.server_key)}")
             command += ["--keys", f"/{_KEY_FILE}", "--forget-keys"]
         name = f"andon-{setup.identity}-{spec.worker_id}"
         environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}

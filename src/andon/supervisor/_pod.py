@@ -41,6 +41,7 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from andon.base import ConfigError, WorkerError
+from andon.protocol import key_to_hex
 from andon.supervisor._launch import (
     LaunchedWorker,
     PoolSetup,
@@ -351,8 +352,10 @@ class PodLauncher(WorkerLauncher):
         mounts = list(self.volume_mounts)
         volumes = list(self.volumes)
         if spec.server_key is not None and worker.secret is not None:
-            # One word with "=": a Z85 key may begin with "-" (argparse would take an option).
-            command.append(f"--server-key={spec.server_key.decode('ascii')}")
+            # In hex: Kubernetes expands $(VAR) and $$ in args, and Z85 has "$", "(" and ")"
+            # (a key with "$$" reached the worker one character short); a Z85 key may also
+            # begin with "-", which argparse would take for an option.
+            command.append(f"--server-key={key_to_hex(spec.server_key)}")
             command += ["--keys", f"{KEY_DIR}/{_KEY_NAME}"]
             mounts.append({"name": "andon-keys", "mountPath": KEY_DIR, "readOnly": True})
             volumes.append(
