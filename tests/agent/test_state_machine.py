@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -315,6 +316,10 @@ class AgentMachine(RuleBasedStateMachine):
             assert ends.get(claimed_by[mid]) in ("aborted", "blocked", "error", "interrupted")
 
 
+# 500 examples of up to 15 steps take about 35 s alone and went past the suite's 60 s timeout
+# beside another test process (CI: two). Each step is bounded by STEP_TIMEOUT, which is what
+# "nothing hangs" rests on; this bounds the whole run, not its speed.
+@pytest.mark.timeout(300)
 def test_agent_state_machine() -> None:
     loop = asyncio.new_event_loop()
     try:
