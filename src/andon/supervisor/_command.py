@@ -26,13 +26,14 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from andon.base import WorkerError, procs
-from andon.protocol import Started, key_to_hex
+from andon.protocol import Started
 from andon.supervisor._launch import (
     LaunchedWorker,
     PidfdWorker,
     PoolSetup,
     WorkerLauncher,
     WorkerSpec,
+    server_key_argument,
     worker_argv,
 )
 from andon.workers import KEYS_END
@@ -99,9 +100,7 @@ class CommandLauncher(WorkerLauncher):
         ]
         secret: bytes | None = None
         if spec.worker_keys is not None and spec.server_key is not None:
-            # In hex: a Z85 key may begin with "-" (argparse would take an option) and has
-            # characters a remote shell (ssh joins its arguments for one) would interpret.
-            argv += [f"--server-key={key_to_hex(spec.server_key)}", "--keys", "-"]
+            argv += [server_key_argument(spec.server_key), "--keys", "-"]
             secret = spec.worker_keys.certificate() + KEYS_END
         elif self.insecure:
             argv.append("--insecure")

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from andon.base import ConfigError, WorkerError
-from andon.protocol import key_to_hex
 from andon.supervisor._launch import (
     LaunchedWorker,
     PoolSetup,
     WorkerLauncher,
     WorkerSpec,
+    server_key_argument,
     worker_argv,
 )
 from andon.supervisor._threads import EngineThreads
@@ -179,9 +179,7 @@ class ContainerLauncher(WorkerLauncher):
         keys = None
         if spec.worker_keys is not None and spec.server_key is not None:
             keys = _key_archive(spec.worker_keys.certificate())
-            # In hex, as every launcher writes it: a Z85 key may begin with "-", which argparse
-            # would take for an option, and has characters a shell or Kubernetes would interpret.
-            command.append(f"--server-key={key_to_hex(spec.server_key)}")
+            command.append(server_key_argument(spec.server_key))
             command += ["--keys", f"/{_KEY_FILE}", "--forget-keys"]
         name = f"andon-{setup.identity}-{spec.worker_id}"
         environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from andon.base import Containment, procs
-from andon.protocol import CurveKeys, Started
+from andon.protocol import CurveKeys, Started, key_to_hex
 from andon.workers import ToolRegistry
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "PoolSetup",
     "WorkerLauncher",
     "WorkerSpec",
+    "server_key_argument",
     "worker_argv",
 ]
 
@@ -125,6 +126,15 @@ class PidfdWorker(LaunchedWorker):
                 asyncio.get_running_loop().remove_reader(self.handle.fd)
             self.handle.close()
             self.handle = None
+
+
+def server_key_argument(server_key: bytes) -> str:
+    """``--server-key=<hex>``: how every launcher puts the supervisor's key on a worker's
+    command line. In hex, because Z85 has ``$ ( ) & < > * ? [ ] { } # !``, which a remote shell
+    (ssh joins its arguments for one) or Kubernetes' ``$(VAR)``/``$$`` expansion in a Pod's args
+    would change (a key with ``$$`` reached the worker one character short), and may begin with
+    ``-``, which argparse would take for an option."""
+    return f"--server-key={key_to_hex(server_key)}"
 
 
 def worker_argv(spec: WorkerSpec, tools: str, welcome_timeout: float) -> list[str]:

@@ -41,12 +41,12 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from andon.base import ConfigError, WorkerError
-from andon.protocol import key_to_hex
 from andon.supervisor._launch import (
     LaunchedWorker,
     PoolSetup,
     WorkerLauncher,
     WorkerSpec,
+    server_key_argument,
     worker_argv,
 )
 from andon.supervisor._threads import EngineThreads
@@ -352,10 +352,7 @@ class PodLauncher(WorkerLauncher):
         mounts = list(self.volume_mounts)
         volumes = list(self.volumes)
         if spec.server_key is not None and worker.secret is not None:
-            # In hex: Kubernetes expands $(VAR) and $$ in args, and Z85 has "$", "(" and ")"
-            # (a key with "$$" reached the worker one character short); a Z85 key may also
-            # begin with "-", which argparse would take for an option.
-            command.append(f"--server-key={key_to_hex(spec.server_key)}")
+            command.append(server_key_argument(spec.server_key))
             command += ["--keys", f"{KEY_DIR}/{_KEY_NAME}"]
             mounts.append({"name": "andon-keys", "mountPath": KEY_DIR, "readOnly": True})
             volumes.append(
