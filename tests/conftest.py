@@ -1,4 +1,5 @@
-"""Test-wide rules: every test has a timeout, async tests run on a fresh event loop, and no test may
+"""Test-wide rules: every test has a timeout that ends it (tests/_limits.py: async tests run on a
+fresh event loop within it, and a watchdog ends a test process that outlives it), and no test may
 leave a process behind.
 
 Leftover detection tags every process this test run starts through an environment variable
@@ -8,8 +9,6 @@ fork) and looks for the tag in ``/proc/*/environ`` after each test and at the en
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import signal
 from collections.abc import Iterator
 
@@ -17,6 +16,12 @@ import pytest
 
 from andon.base import procs
 from andon.base.procs import ProcInfo
+from tests._limits import (  # noqa: F401 (hooks, found by name)
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_pyfunc_call,
+    pytest_runtest_protocol,
+)
 from tests.support import RUN_ENTRY, alive_after, tagged_processes
 
 
@@ -56,14 +61,3 @@ def _no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
 def _no_leftover_processes_at_end() -> Iterator[None]:
     yield
     _check_and_clean("the test session")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """Run ``async def`` tests on a fresh event loop (no plugin needed)."""
-    if not inspect.iscoroutinefunction(pyfuncitem.obj):
-        return None
-    names = pyfuncitem._fixtureinfo.argnames
-    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
-    asyncio.run(pyfuncitem.obj(**kwargs), debug=False)
-    return True
