@@ -28,6 +28,8 @@ reports it as 128 + the signal's number all the same). This module imports nothi
 from __future__ import annotations
 
 import signal
+import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Final
 
@@ -110,7 +112,27 @@ def install_early() -> Ledger:
         signal.signal(signum, _early)
         handled.append(signum)
     LEDGER.handled = tuple(handled)
+    sys.unraisablehook = _quiet_stops(sys.unraisablehook)
     return LEDGER
+
+
+def _quiet_stops(
+    hook: Callable[[sys.UnraisableHookArgs], object],
+) -> Callable[[sys.UnraisableHookArgs], object]:
+    """``hook``, but silent for a :class:`Stopped`.
+
+    The early handler raises in whatever frame runs, and some frames cannot pass an exception on
+    (an import lock's weakref callback, a ``__del__``): Python prints it as "Exception ignored"
+    with a traceback and goes on. The signal is in the ledger all the same, and the run stops at
+    its next look (``main`` exits 128 + the first signal's number), so there is nothing to print.
+    """
+
+    def quiet(unraisable: sys.UnraisableHookArgs) -> object:
+        if isinstance(unraisable.exc_value, Stopped):
+            return None
+        return hook(unraisable)
+
+    return quiet
 
 
 def _early(signum: int, _frame: FrameType | None) -> None:
