@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import faulthandler
 import inspect
+import io
 import os
 import signal
 import sys
@@ -129,12 +130,15 @@ def run_within(coro: Coroutine[Any, Any, object], limit: float) -> None:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     expired = False
+    where: io.StringIO | None = None
     try:
         main = loop.create_task(coro)
 
         def expire() -> None:
-            nonlocal expired
+            nonlocal expired, where
             expired = True
+            where = io.StringIO()
+            main.print_stack(file=where)  # what it waited for: said before the cancel unwinds it
             main.cancel()
 
         timer = loop.call_later(limit, expire) if limit > 0 else None
@@ -148,7 +152,10 @@ def run_within(coro: Coroutine[Any, Any, object], limit: float) -> None:
                 timer.cancel()
         stuck = _end_the_rest(loop)
         if expired:
-            pytest.fail(f"Timeout >{limit:g}s: the test was still waiting in its event loop")
+            stack = where.getvalue() if where is not None else ""
+            pytest.fail(
+                f"Timeout >{limit:g}s: the test was still waiting in its event loop\n{stack}"
+            )
         if stuck:
             pytest.fail(f"the test left tasks that ignored their cancellation: {stuck}")
     finally:

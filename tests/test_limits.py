@@ -62,6 +62,7 @@ def test_an_async_test_waiting_forever_fails_at_its_timeout(tmp_path: Path) -> N
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "Timeout >1s: the test was still waiting in its event loop" in run.stdout
+    assert "in test_waits" in run.stdout  # where it waited
     assert "1 failed" in run.stdout
 
 
