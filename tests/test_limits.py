@@ -159,3 +159,16 @@ def test_an_async_test_whose_loop_is_blocked_ends_its_process(tmp_path: Path) ->
     )
     assert run.returncode == EXIT_HUNG, run.stdout + run.stderr
     assert "test_blocks_the_loop outlived its timeout" in run.stderr
+
+
+async def test_a_wait_for_output_the_call_can_no_longer_send_fails_at_once() -> None:
+    # A worker test waiting for "ready" from a call that already ended (an error, a lost worker)
+    # would otherwise wait for its timeout, or, before the limits above, forever.
+    from andon.base import executor_id
+    from tests.workers.support import bash, running_pool, start
+
+    async with running_pool("subreaper", identity=executor_id()) as (_, executor):
+        task, rec, _ = await start(executor, bash("c1-1-1", "echo not-what-it-waits-for; exit 3"))
+        with pytest.raises(AssertionError, match="the call ended before what the test waits for"):
+            await rec.wait_output()
+        assert (await task).exit_code == 3

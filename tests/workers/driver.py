@@ -34,6 +34,7 @@ async def main(mode: str) -> None:
             "c1-1-1", "bash", json.dumps({"command": SHELL_SLEEP}), os.getcwd()
         )
         task = asyncio.create_task(executor.execute(request, controller.signal, recorder))
+        recorder.follow(task)
         await recorder.wait_output()
         assert recorder.started is not None
         print(

@@ -46,6 +46,13 @@ class Recorder(ExecutionObserver):
         self.started: Started | None = None
         self.signals: list[tuple[str, float, int]] = []
         self._changed = asyncio.Event()
+        self._call: asyncio.Task[ToolOutcome] | None = None
+
+    def follow(self, call: asyncio.Task[ToolOutcome]) -> None:
+        """Watch ``call`` too: a wait for an event the call can no longer send (it has ended)
+        fails at once, saying how the call ended, instead of waiting forever."""
+        self._call = call
+        call.add_done_callback(lambda _t: self._poke())
 
     def on_started(self, started: Started, worker: str = "") -> None:
         self.started = started
@@ -65,6 +72,10 @@ class Recorder(ExecutionObserver):
 
     async def wait_until(self, predicate: Any) -> None:
         while not predicate():
+            call = self._call
+            if call is not None and call.done():
+                ended = "cancelled" if call.cancelled() else repr(call.exception() or call.result())
+                raise AssertionError(f"the call ended before what the test waits for: {ended}")
             await self._changed.wait()
 
     async def wait_output(self, needle: bytes = b"ready") -> None:
@@ -110,6 +121,7 @@ async def start(
     controller = AbortController()
     recorder = Recorder()
     task = asyncio.create_task(executor.execute(request, signal or controller.signal, recorder))
+    recorder.follow(task)
     return task, recorder, controller
 
 

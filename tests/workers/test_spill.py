@@ -126,6 +126,7 @@ async def test_a_flood_can_be_cancelled_mid_flight(tmp_path: Path) -> None:
                 bash("c1-1-1", f"head -c {8 * GIB} /dev/zero"), controller.signal, watch
             )
         )
+        watch.follow(task)
         await watch.wait_until(lambda: watch.total > 64 * 1024 * 1024)
         controller.abort(User())
         outcome = await task
