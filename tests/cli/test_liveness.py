@@ -103,10 +103,13 @@ async def test_no_output_yet_and_a_call_that_waits_for_a_worker_are_said_as_such
     live.feed(call("tool/call", "c1-1-1"))
     live.feed(call("tool/started", "c1-1-1"))
     live.feed(call("tool/call", "c1-1-2"))  # no worker free for it yet
+    live.feed(call("tool/call", "c1-1-3"))  # a subagent: no tool/started, its own events
+    live.feed({"type": "subagent/event", "call_id": "c1-1-3", "event": {"type": "turn/start"}})
     await advance(clock, 30)
     assert sorted(lines.text) == [
         "c1-1-1 still running: 30s, no output yet",
         "c1-1-2 still waiting for a tool worker: 30s",
+        "c1-1-3 still running: 30s, no output yet",
     ]
     live.close()
 

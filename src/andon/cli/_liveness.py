@@ -116,6 +116,14 @@ class Liveness:
             if call is not None:
                 call.last_output = self.clock.monotonic()
             return
+        if kind == "subagent/event":
+            # A subagent is a supervisor tool: no worker takes it and it writes no tool/started,
+            # so its first event says it runs (since it was asked for). Its events are not
+            # printed in the plain view: they are not output.
+            call = self._calls.get(str(event.get("call_id")))
+            if call is not None and call.started is None:
+                call.started = call.seen
+            return
         if kind not in ("tool/call", "tool/started", "tool/result"):
             return
         call_id = str(data.get("call_id"))
