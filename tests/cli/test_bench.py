@@ -114,8 +114,35 @@ def test_table_through_python_m() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "scenario" in out.stdout and "shell" in out.stdout
-    # stderr is a pipe here: no progress bar, no carriage return, no escape code
+    # stderr is a pipe here: no progress bar, no carriage return, no escape code, but plain lines
     assert "\r" not in out.stderr and "\033" not in out.stderr, repr(out.stderr[:200])
+    assert "andon bench: interrupt: shell: 1 of 1\n" in out.stderr
+    assert "andon bench: interrupt: shell floor: 1 of 1\n" in out.stderr
+
+
+def test_plain_progress_says_what_and_how_far_at_a_bounded_rate() -> None:
+    import io
+
+    from andon.cli.bench._command import Progress
+
+    now = [0.0]
+    stream = io.StringIO()
+    progress = Progress(stream, every=10.0, clock=lambda: now[0])
+    progress.kind = "interrupt"
+    for i in range(100):  # a run a second: 100 s of the scenario
+        progress("stream", i, 100)
+        now[0] += 1.0
+    progress.end()
+    progress("stream floor", 0, 2)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "andon bench: interrupt: stream: 1 of 100"
+    assert "andon bench: interrupt: stream: 11 of 100" in lines
+    assert lines[-2:] == [
+        "andon bench: interrupt: stream: 100 of 100",
+        "andon bench: interrupt: stream floor: 1 of 2",  # a new measurement shows at once
+    ]
+    assert len(lines) == 12  # the first, one each 10 s, the last, the next's first
+    assert "\r" not in stream.getvalue() and "\033" not in stream.getvalue()
 
 
 def test_plot_without_matplotlib_says_what_to_install(

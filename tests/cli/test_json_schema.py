@@ -211,6 +211,25 @@ def test_the_schema_names_every_record_type_and_closed_set_of_the_code() -> None
     assert enum("user-message-value", "properties", "source") == MESSAGE_SOURCES
 
 
+def test_liveness_lines_match_the_schema(tmp_path: Path) -> None:
+    """A silent tool (a tiny interval: docs/ci.md, Liveness in CI logs); a slow start is said on
+    stderr only, so the first line is still the session's first record."""
+    model = script(
+        tmp_path / "s.json",
+        [
+            {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 0.5"}}]},
+            {"text": "Done."},
+        ],
+    )
+    environ = {**home(tmp_path), "ANDON_PROGRESS_INTERVAL": "0.05"}
+    result = run("run", "--json", "--model", model, "wait", cwd=tmp_path, environ=environ)
+    assert result.returncode == 0, result.stderr
+    events = assert_every_line_valid(result.stdout)
+    assert events[0]["type"] == "session/start"
+    assert "andon: still starting:" in result.stderr
+    assert {e["phase"] for e in events if e["type"] == "run/progress"} == {"tool"}
+
+
 SUMMARY: dict[str, Any] = {
     "type": "run/summary",
     "session": "/s",
@@ -222,6 +241,13 @@ SUMMARY: dict[str, Any] = {
     "final_text": None,
     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "cached_prompt_tokens": 0},
     "ended": {"kind": "completed"},
+}
+PROGRESS: dict[str, Any] = {
+    "type": "run/progress",
+    "phase": "tool",
+    "call_id": "c1-2-1",
+    "elapsed": 150.0,
+    "silent": 45.0,
 }
 REPLY = {"role": "assistant", "content": []}
 WRONG_LINES: dict[str, dict[str, Any]] = {
@@ -241,11 +267,16 @@ WRONG_LINES: dict[str, dict[str, Any]] = {
         "usage": {"prompt_tokens": 1, "completion_tokens": 1},
     },
     "cost without priced_by": {**SUMMARY, "cost": {"usd": 0.1}},
+    "progress of a tool without its call": {k: v for k, v in PROGRESS.items() if k != "call_id"},
+    "progress of an unknown phase": {**PROGRESS, "phase": "starting"},
+    "progress with a key it does not list": {**PROGRESS, "seq": 4},
 }
 
 
 def test_the_schema_accepts_the_summary_the_wrong_lines_are_made_from() -> None:
     assert not problems(SUMMARY)
+    assert not problems(PROGRESS)
+    assert not problems({**PROGRESS, "waiting": "worker", "silent": 0.0})
     assert not problems({**SUMMARY, "cost": {"usd": 0.1, "priced_by": "andon.toml"}})
 
 

@@ -11,8 +11,9 @@ The modules: ``_main`` (the parser, every user mistake checked before the agent 
 (``andon run`` / ``resume``: the job and its exit code), ``_signals`` (the signal ledger and the
 early phase), ``_ladder`` (what a signal does while the loop runs), ``_setup`` (the model and the
 agent options), ``_sessions`` (where sessions live), ``_output`` and ``_term`` (what is printed,
-plain and on a terminal), ``_settings`` (flags, ``ANDON_*``, ``andon.toml``), ``_prices``,
-``_workers`` (``--workers-in``), ``_chat``, and ``bench`` (``andon bench``).
+plain and on a terminal), ``_liveness`` (lines that say a silent run is alive), ``_settings``
+(flags, ``ANDON_*``, ``andon.toml``), ``_prices``, ``_workers`` (``--workers-in``), ``_chat``,
+and ``bench`` (``andon bench``).
 
 The process also *leaves* from here: once the exit code is decided and stdout and stderr are
 flushed, ``os._exit``. Interpreter finalization restores the default action of every signal

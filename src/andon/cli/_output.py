@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
 from andon.base import GracePolicy
+from andon.cli._liveness import Liveness
 
 __all__ = [
     "JsonOutput",
@@ -161,6 +162,20 @@ class Output:
         self._force = False  # writes that must not be dropped (see _forced)
         self._told_drop = False
         self._closed_callbacks: list[Callable[[], None]] = []
+        # Lines while the run starts slowly or a tool is silent (docs/ci.md, Liveness in CI
+        # logs); None in the terminal view, which has clocks of its own.
+        self.liveness: Liveness | None = None
+
+    def watch(self, interval: float) -> Liveness:
+        """Say liveness lines every ``interval`` seconds (0: never) through :meth:`progress`."""
+        self.liveness = Liveness(interval, self.progress)
+        return self.liveness
+
+    def progress(self, text: str, event: Mapping[str, Any]) -> None:
+        """A liveness line: on stderr, where a person reading the job log sees it (with
+        ``--json > file`` too). Never raises: it is called from a timer."""
+        if not self.closed:
+            say(text)
 
     @property
     def closed(self) -> bool:
@@ -275,6 +290,8 @@ class Output:
 
     def feed(self, event: Mapping[str, Any]) -> None:
         self.tracker.feed(event)
+        if self.liveness is not None:
+            self.liveness.feed(event)
         self._raise_if_closed()
         if event.get("type") == "tool/signal" and not self.closed:  # a closed stdout: quietly
             self._stopping_stage(event["data"])
@@ -329,6 +346,18 @@ class Output:
 class JsonOutput(Output):
     def render(self, event: Mapping[str, Any]) -> None:
         self.write(json.dumps(event, ensure_ascii=False) + "\n")
+
+    def progress(self, text: str, event: Mapping[str, Any]) -> None:
+        """The line on stderr, and for a silent tool call a live ``run/progress`` event on stdout
+        for a program (or a job log) that reads it: never a log record. Start-up is said on
+        stderr only: the first line on stdout is the session's first record, always."""
+        super().progress(text, event)
+        if event.get("phase") != "tool":
+            return
+        line = {k: round(v, 3) if isinstance(v, float) else v for k, v in event.items()}
+        # _emit, not write: a closed stdout or a write error is left for the next event's write
+        # to raise, on the renderer's task rather than in a timer.
+        self._emit(json.dumps(line, ensure_ascii=False) + "\n", whole=False)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         line: dict[str, Any] = {"type": "run/summary", **summary}

@@ -107,6 +107,8 @@ async def _run(job: RunJob) -> int:
 
 async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
     live = _start_live(out)
+    if live is None:  # the terminal view has spinners and clocks of its own
+        _watch(job, out)
     started = time.monotonic()
     outcome = _Outcome()
     try:
@@ -122,6 +124,8 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
         # decides the exit code (a pool start cut short, say).
         say(f"stopping after {signal.Signals(signals.first).name}: {_describe(e)}")
     finally:
+        if out.liveness is not None:
+            out.liveness.close()
         if live is not None:
             live.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -227,6 +231,8 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
             ),
             hooks=hooks,
         ) as agent:
+            if out.liveness is not None:
+                out.liveness.ready()
             outcome.session_id = agent.session_id
             events = agent.events(since_seq=job.since_seq)
             tg.create_task(_render(events, out, agent))
@@ -265,6 +271,15 @@ def _output(job: RunJob) -> Output:
 
         return TermOutput(job.settings.grace)
     return TextOutput(job.settings.grace)
+
+
+def _watch(job: RunJob, out: Output) -> None:
+    """Liveness lines for a log nobody watches live (docs/ci.md, Liveness in CI logs): from now,
+    while the run starts, and for every silent tool call."""
+    where = "" if job.settings.workers_in == "local" else f" ({job.settings.workers_in})"
+    liveness = out.watch(job.settings.progress_interval)
+    liveness.waiting_for = f"the tool workers to start{where}"
+    liveness.starting()
 
 
 def _start_live(out: Output) -> asyncio.Task[None] | None:

@@ -43,6 +43,7 @@ class Settings:
     pass_env: tuple[str, ...] = ()
     thinking: bool | None = None
     workers_in: str = "local"  # or "container:IMAGE"
+    progress_interval: float = 30.0  # liveness lines outside a terminal; 0: none
     prices: Mapping[str, Price] = field(default_factory=dict)  # andon.toml only: model -> price
     containers: ContainerSettings = field(default_factory=ContainerSettings)  # andon.toml only
 
@@ -68,6 +69,21 @@ def _positive_int(name: str) -> Callable[[str], int]:
             raise ConfigError(f"{name} takes a whole number (got {text!r})") from None
         if value < 1:
             raise ConfigError(f"{name} must be at least 1 (got {text!r})")
+        return value
+
+    return parse
+
+
+def _interval(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{name} takes a number of seconds (got {text!r})") from None
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(
+                f"{name} must be a finite number of seconds, 0 to turn it off (got {text!r})"
+            )
         return value
 
     return parse
@@ -128,6 +144,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "pass_env": _names,
     "thinking": _thinking,
     "workers_in": workers_in,
+    "progress_interval": _interval("progress-interval"),
 }
 
 ENV_VARS: Final = {name: f"ANDON_{name.upper()}" for name in _PARSERS}
@@ -271,6 +288,12 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         )
         p.add_argument(
             "--max-steps", metavar="N", help="stop a turn after this many steps (exit 5)"
+        )
+        p.add_argument(
+            "--progress-interval",
+            metavar="S",
+            help="outside a terminal: say every S seconds that a silent tool or a slow start is "
+            "still going (default 30; 0: never)",
         )
     p.add_argument(
         "--pass-env",

@@ -55,11 +55,12 @@ LIVE_ONLY_TYPES: frozenset[str] = frozenset(
         "assistant/delta",
         "tool/output",
         "subagent/event",
+        "run/progress",
         "run/summary",
     }
 )
 """The event types of ``agent.events()`` that are never log records (they carry no ``seq``), and
-the last line of ``andon run --json``."""
+the lines of ``andon run --json`` of its own: liveness lines and the last line."""
 
 
 def is_live_only(obj: Mapping[str, Any]) -> bool:

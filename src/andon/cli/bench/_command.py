@@ -7,8 +7,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, Final, TextIO
 
 from andon.base import GracePolicy
 
@@ -45,16 +48,61 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _progress(name: str, i: int, n: int) -> None:
-    """A progress bar on a terminal; nothing at all on a pipe or a file (a CI log must not fill
-    with carriage returns and escape codes)."""
-    if not _is_terminal(sys.stderr):
-        return
-    width = 20
-    done = width * (i + 1) // n
-    bar = "#" * done + "." * (width - done)
-    sys.stderr.write(f"\r\033[K{name:<16} [{bar}] {i + 1}/{n}")
-    sys.stderr.flush()
+PLAIN_EVERY: Final = 10.0
+"""Seconds between two plain progress lines of one measurement (its first and last always
+show)."""
+
+
+class Progress:
+    """What ``andon bench`` is measuring, on stderr.
+
+    On a terminal, a bar redrawn in place. On a pipe or a file (a CI log), plain lines: the first
+    and the last run of each measurement and at most one line every ``every`` seconds between
+    them, never a carriage return or an escape code, so a long benchmark shows it is alive
+    without filling the log."""
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        every: float = PLAIN_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stream = stream
+        self.every = every
+        self.kind = ""  # the benchmark under way: interrupt, exit, dispatch, recovery
+        self._clock = clock
+        self._name: str | None = None
+        self._said = -math.inf
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    def __call__(self, name: str, i: int, n: int) -> None:
+        """Run ``i`` (from 0) of ``n`` of the measurement ``name`` begins."""
+        if _is_terminal(self.stream):
+            width = 20
+            done = width * (i + 1) // n
+            bar = "#" * done + "." * (width - done)
+            self.stream.write(f"\r\033[K{name:<16} [{bar}] {i + 1}/{n}")
+            self.stream.flush()
+            return
+        now = self._clock()
+        new = name != self._name
+        if not (new or i + 1 == n or now - self._said >= self.every):
+            return
+        self._name, self._said = name, now
+        what = name if name.startswith(self.kind) else f"{self.kind}: {name}"
+        self.stream.write(f"andon bench: {what}: {i + 1} of {n}\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        """The measurement is over: clear the bar (a plain log keeps its lines)."""
+        if _is_terminal(self.stream):
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+        self._name = None
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -62,12 +110,6 @@ def _is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, OSError, ValueError):
         return False
-
-
-def _end_progress() -> None:
-    if _is_terminal(sys.stderr):
-        sys.stderr.write("\r\033[K")
-        sys.stderr.flush()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,16 +157,16 @@ def _run_kinds(
     out: dict[str, Any] = {}
     code = 0
     texts = []
+    progress = Progress()
     for kind in kinds:
+        progress.kind = kind
         if kind == "interrupt":
-            data, text, bad = _interrupt_report(args, names, grace)
+            data, text, bad = _interrupt_report(args, names, grace, progress)
             code = max(code, 1 if bad else 0)
             if args.remote != "off":
                 from ._remote import remote_interrupt_rows
 
-                rows, notes = asyncio.run(
-                    remote_interrupt_rows(args.runs, grace, engine, _progress)
-                )
+                rows, notes = asyncio.run(remote_interrupt_rows(args.runs, grace, engine, progress))
                 data["remote"] = rows
                 text += "\n\n" + _remote_table(
                     "cancel -> result by where the worker runs", rows, notes
@@ -132,23 +174,23 @@ def _run_kinds(
         elif kind == "exit":
             from ._exit import run_exit
 
-            data, text, bad = run_exit(args.runs, args.grace, args.seed, _progress)
+            data, text, bad = run_exit(args.runs, args.grace, args.seed, progress)
             code = max(code, 1 if bad else 0)
         elif kind == "dispatch":
             from ._dispatch import run_dispatch
 
-            data, text = asyncio.run(run_dispatch(args.runs, _progress))
+            data, text = asyncio.run(run_dispatch(args.runs, progress))
             if args.remote != "off":
                 from ._remote import remote_dispatch_rows
 
-                rows, notes = asyncio.run(remote_dispatch_rows(args.runs, engine, _progress))
+                rows, notes = asyncio.run(remote_dispatch_rows(args.runs, engine, progress))
                 data["remote"] = rows
                 text += "\n\n" + _remote_table("dispatch by where the worker runs", rows, notes)
         else:
             from ._recovery import run_recovery
 
-            data, text = run_recovery(args.max_events, _progress)
-        _end_progress()
+            data, text = run_recovery(args.max_events, progress)
+        progress.end()
         out[kind] = data
         texts.append(text)
     if args.json:
@@ -172,11 +214,11 @@ def _remote_table(title: str, rows: dict[str, Any], notes: list[str]) -> str:
 
 
 def _interrupt_report(
-    args: argparse.Namespace, names: list[str], grace: GracePolicy
+    args: argparse.Namespace, names: list[str], grace: GracePolicy, progress: Progress
 ) -> tuple[dict[str, Any], str, bool]:
     from ._interrupt import run_interrupt
 
-    results, containment = asyncio.run(run_interrupt(names, args.runs, grace, args.seed, _progress))
+    results, containment = asyncio.run(run_interrupt(names, args.runs, grace, args.seed, progress))
     data: dict[str, Any] = {
         "runs": args.runs,
         "grace": grace.to_dict(),

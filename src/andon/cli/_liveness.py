@@ -1,0 +1,184 @@
+"""Liveness lines for a log nobody watches live (docs/ci.md, Liveness in CI logs).
+
+A CI job log that prints nothing for minutes cannot tell a long compile from a hang, and some CI
+systems end a job that printed nothing for ten minutes. So, outside the terminal view (which has
+spinners and clocks of its own), ``andon run`` says on stderr, every ``interval`` seconds:
+
+* while the run starts (from its first line to the agent being ready for its first step), once it
+  has taken ``min(5 s, interval)``: ``andon: still starting: 5s (waiting for …)``;
+* for each tool call that printed nothing for ``interval``: ``andon: c1-2-1 still running: 2m30s,
+  last output 45s ago`` (a chatty call gets no line: its output already shows it is alive).
+
+These are live lines only: nothing here is written to the session log. Timers are
+:meth:`Clock.call_at`, so tests drive them with a :class:`ManualClock` instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from andon.base import Clock, SystemClock, Timer
+
+__all__ = ["STARTING_AFTER", "Liveness", "span"]
+
+STARTING_AFTER: Final = 5.0
+"""Seconds of start-up after which the first "still starting" line is said (or the interval, if
+shorter)."""
+
+
+def span(seconds: float) -> str:
+    """A duration for people, to the second: ``45s``, ``2m30s``, ``1h05m``."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+@dataclass
+class _Call:
+    seen: float  # when its tool/call came
+    started: float | None = None  # when its tool/started came (a worker took it)
+    last_output: float | None = None
+    timer: Timer | None = None
+
+
+class Liveness:
+    """Says a line through ``emit`` while the run starts slowly or a tool call is silent.
+
+    ``emit(text, event)`` gets the plain line (without the ``andon:`` prefix) and what it says as
+    a live event (``{"type": "run/progress", ...}``) for renderers that want one. ``interval`` 0
+    (or less) says nothing at all."""
+
+    def __init__(
+        self,
+        interval: float,
+        emit: Callable[[str, dict[str, Any]], None],
+        *,
+        clock: Clock | None = None,
+        waiting_for: str | None = None,
+    ) -> None:
+        self.interval = interval if math.isfinite(interval) and interval > 0 else 0.0
+        self.clock = clock or SystemClock()
+        self.waiting_for = waiting_for
+        self._emit = emit
+        self._calls: dict[str, _Call] = {}
+        self._began: float | None = None
+        self._starting: Timer | None = None
+        self._closed = False
+
+    @property
+    def on(self) -> bool:
+        return self.interval > 0 and not self._closed
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def starting(self) -> None:
+        """The run has begun: say so if it is still starting after ``min(5 s, interval)``."""
+        if not self.on or self._began is not None:
+            return
+        self._began = self.clock.monotonic()
+        first = min(STARTING_AFTER, self.interval)
+        self._starting = self.clock.call_at(self._began + first, self._still_starting)
+
+    def ready(self) -> None:
+        """The agent is ready for its first step: no more start-up lines."""
+        if self._starting is not None:
+            self._starting.cancel()
+            self._starting = None
+
+    def _still_starting(self) -> None:
+        if not self.on or self._began is None:
+            return
+        now = self.clock.monotonic()
+        elapsed = now - self._began
+        what = f" (waiting for {self.waiting_for})" if self.waiting_for else ""
+        event: dict[str, Any] = {"type": "run/progress", "phase": "starting", "elapsed": elapsed}
+        if self.waiting_for:
+            event["waiting_for"] = self.waiting_for
+        self._emit(f"still starting: {span(elapsed)}{what}", event)
+        self._starting = self.clock.call_at(now + self.interval, self._still_starting)
+
+    # -- tool calls -------------------------------------------------------------------------------
+
+    def feed(self, event: Mapping[str, Any]) -> None:
+        """Follow the tool calls of the event stream (``agent.events()``)."""
+        if not self.on:
+            return
+        kind = event.get("type")
+        data = event.get("data") or {}
+        if kind == "tool/output":
+            call = self._calls.get(str(event.get("call_id")))
+            if call is not None:
+                call.last_output = self.clock.monotonic()
+            return
+        if kind == "subagent/event":
+            # A subagent is a supervisor tool: no worker takes it and it writes no tool/started,
+            # so its first event says it runs (since it was asked for). Its events are not
+            # printed in the plain view: they are not output.
+            call = self._calls.get(str(event.get("call_id")))
+            if call is not None and call.started is None:
+                call.started = call.seen
+            return
+        if kind not in ("tool/call", "tool/started", "tool/result"):
+            return
+        call_id = str(data.get("call_id"))
+        now = self.clock.monotonic()
+        if kind == "tool/call":
+            call = _Call(seen=now)
+            self._calls[call_id] = call
+            self._arm(call_id, call, now + self.interval)
+        elif kind == "tool/started":
+            call = self._calls.get(call_id) or _Call(seen=now)
+            self._calls[call_id] = call
+            if call.started is None:
+                call.started = now
+        else:
+            gone = self._calls.pop(call_id, None)
+            if gone is not None and gone.timer is not None:
+                gone.timer.cancel()
+
+    def _arm(self, call_id: str, call: _Call, when: float) -> None:
+        if call.timer is not None:
+            call.timer.cancel()
+        call.timer = self.clock.call_at(when, lambda: self._check(call_id))
+
+    def _check(self, call_id: str) -> None:
+        call = self._calls.get(call_id)
+        if call is None or not self.on:
+            return
+        now = self.clock.monotonic()
+        quiet_since = call.last_output
+        if quiet_since is None:
+            quiet_since = call.started if call.started is not None else call.seen
+        if now - quiet_since < self.interval:
+            # It spoke within the interval: look again an interval after its last word.
+            self._arm(call_id, call, quiet_since + self.interval)
+            return
+        elapsed = now - (call.started if call.started is not None else call.seen)
+        event: dict[str, Any] = {"type": "run/progress", "phase": "tool", "call_id": call_id}
+        if call.started is None:
+            event.update(waiting="worker", elapsed=now - call.seen)
+            text = f"{call_id} still waiting for a tool worker: {span(now - call.seen)}"
+        elif call.last_output is None:
+            event.update(elapsed=elapsed)
+            text = f"{call_id} still running: {span(elapsed)}, no output yet"
+        else:
+            silent = now - call.last_output
+            event.update(elapsed=elapsed, silent=silent)
+            text = f"{call_id} still running: {span(elapsed)}, last output {span(silent)} ago"
+        self._emit(text, event)
+        self._arm(call_id, call, now + self.interval)
+
+    def close(self) -> None:
+        """The run is over: cancel every timer; say nothing more."""
+        self._closed = True
+        self.ready()
+        for call in self._calls.values():
+            if call.timer is not None:
+                call.timer.cancel()
+        self._calls.clear()
