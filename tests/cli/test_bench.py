@@ -173,6 +173,7 @@ def test_exit_runs_andon_beside_the_bare_baseline(capsys: pytest.CaptureFixture[
     assert isinstance(data["goal_met"], bool)
 
 
+@pytest.mark.timeout(180)  # its own wait is 120 s: a loaded runner takes ~40 s
 def test_progress_shows_on_a_terminal() -> None:
     import pexpect
 
