@@ -205,6 +205,20 @@ def test_resume_with_nothing_to_run_still_repairs_a_crashed_log(
     assert again.returncode == 2 and "repaired" not in again.stderr, again.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path: Path, finished: Path) -> None:
+    # /dev/full fails every write with ENOSPC: a real full disk under one file, no root needed.
+    (finished / "lock").unlink()
+    (finished / "lock").symlink_to("/dev/full")
+    environ = home_env(tmp_path)
+    for args in (["resume", "--model", done_script(tmp_path), str(finished), "go on"],
+                 ["repair", str(finished)]):  # fmt: skip
+        result = andon(*args, cwd=tmp_path, environ=environ)
+        assert result.returncode != 0, result.stdout
+        assert "Traceback" not in result.stderr
+        assert f"No space left on device: {finished / 'lock'}" in result.stderr, result.stderr
+
+
 # --- 3. the sessions root outside the workspace ---------------------------------------------------
 
 

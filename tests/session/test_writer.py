@@ -19,6 +19,7 @@ from andon.base import (
     ManualClock,
     SessionError,
     SessionLive,
+    naming_file,
 )
 from andon.session import (
     Completed,
@@ -481,3 +482,54 @@ def test_loading_something_that_is_not_a_session_is_a_session_error(tmp_path: Pa
         load(tmp_path / "missing")
     with pytest.raises(SessionError, match="holds no session log"):
         load(tmp_path)
+
+
+# --- a full disk names the file (/dev/full: every write fails with ENOSPC, no root needed) ----
+
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+
+
+@needs_dev_full
+def test_a_full_disk_under_the_lock_file_names_it(tmp_path: Path) -> None:
+    sim = Sim()
+    sim.start()
+    folder = tmp_path / "s"
+    with SessionLog.open(folder) as log:
+        _write(log, sim)
+    (folder / "lock").unlink()
+    (folder / "lock").symlink_to("/dev/full")
+    with pytest.raises(OSError, match="No space left") as info:
+        SessionLog.open(folder)
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(folder / "lock")
+    assert str(folder / "lock") in str(info.value)
+
+
+@needs_dev_full
+def test_a_full_disk_under_the_log_names_it(tmp_path: Path) -> None:
+    sim = Sim()
+    sim.start()
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "events.jsonl").symlink_to("/dev/full")  # an empty log on a full disk
+    log = SessionLog.open(folder)
+    with pytest.raises(LogWriteFailed) as info:
+        _write(log, sim)
+    log.close()
+    assert info.value.errno == errno.ENOSPC
+    assert f"writing the session log {folder / 'events.jsonl'} failed" in str(info.value)
+
+
+@needs_dev_full
+def test_naming_file_names_a_descriptor_error_and_keeps_a_named_one() -> None:
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        with pytest.raises(OSError, match=r"events\.jsonl") as info, naming_file("/x/events.jsonl"):
+            os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, "/x/events.jsonl")
+    assert isinstance(info.value.__cause__, OSError)
+    with pytest.raises(FileNotFoundError) as missing, naming_file("/x/other"):
+        os.open("/nonexistent/andon-test", os.O_RDONLY)
+    assert missing.value.filename == "/nonexistent/andon-test"  # already named: unchanged

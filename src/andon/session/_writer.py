@@ -39,7 +39,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeAlias
 
-from andon.base import Clock, ErrorCode, LogWriteFailed, SessionError, SessionLive, SystemClock
+from andon.base import (
+    Clock,
+    ErrorCode,
+    LogWriteFailed,
+    SessionError,
+    SessionLive,
+    SystemClock,
+    naming_file,
+)
 from andon.session._create import make_temporary, publish, remove_temporary
 from andon.session._lock import SessionLock
 from andon.session._reader import LOG_NAME
@@ -290,7 +298,8 @@ class SessionLog:
                     where = unpublished or folder
                     dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                     try:
-                        fsync(dir_fd)
+                        with naming_file(where):
+                            fsync(dir_fd)
                     finally:
                         os.close(dir_fd)
                 end = os.fstat(fd).st_size
