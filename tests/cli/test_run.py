@@ -434,3 +434,35 @@ def test_log_shows_the_head_and_the_tail_of_a_long_output(tmp_path: Path) -> Non
     assert "| line-1\n" in shown and "| line-4\n" in shown and "| line-5\n" not in shown
     assert "| … 30 lines omitted …" in shown  # 41 lines and a status line: 4 + 30 + 8
     assert "| error: the build failed" in shown and "| [exit code 1]" in shown
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_with_ten_thousand_queued_calls_exits_143_within_the_grace(
+    tmp_path: Path,
+) -> None:
+    # One reply with 10,000 bash calls (exclusive: one runs, the rest are queued). A stop writes
+    # the queued calls' records as one batch; it once took ~20 s, a record or two at a time.
+    calls = [{"name": "bash", "arguments": {"command": "echo up; exec sleep 60"}}] * 10_000
+    model = script(tmp_path / "many.json", [{"text": "All of them.", "tool_calls": calls}])
+    session = tmp_path / "s"
+    proc = start(
+        *("run", "--json", "--workers", "2", "--grace", "1,1", "--model", model),
+        *("--session", str(session), "check everything"),
+        cwd=tmp_path,
+    )
+    try:
+        read_until(proc, is_tool_output)
+        began = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        code, events, err = finish(proc, timeout=120)
+        took = time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert code == 143, err
+    assert events[-1]["type"] == "run/summary" and events[-1]["exit_code"] == 143
+    assert_balanced(session)
+    results = [r for r in records(session) if r["type"] == "tool/result"]
+    assert len(results) == 10_000
+    assert took < 2 + 28, took  # grace 1+1 s, and a generous margin for a loaded machine

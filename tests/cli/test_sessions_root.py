@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from andon.base import procs
+from andon.base import ConfigError, procs
+from andon.cli._sessions import runtime_root, sessions_root
 from tests.cli.support import ANDON, env, is_tool_output, long_script, read_until, script, start
 from tests.support import alive_after
 
@@ -185,6 +186,39 @@ def test_resume_of_a_crash_truncated_log_still_repairs_and_continues(
     assert any(r["type"] == "session/repaired" for r in lines_of(finished))
 
 
+def test_resume_with_nothing_to_run_still_repairs_a_crashed_log(
+    tmp_path: Path, finished: Path
+) -> None:
+    records = lines_of(finished)
+    cut = next(i for i, r in enumerate(records) if r["type"] == "tool/started")
+    rewrite(finished, records[: cut + 1], renumber=False)  # kill -9 while the tool ran
+    environ = home_env(tmp_path)
+    assert andon("check", str(finished), cwd=tmp_path, environ=environ).returncode == 1
+    result = andon("resume", str(finished), cwd=tmp_path, environ=environ)  # no PROMPT
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("andon: nothing to run"), result.stderr
+    assert "repaired" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    checked = andon("check", str(finished), cwd=tmp_path, environ=environ)
+    assert checked.returncode == 0, checked.stdout
+    assert [r["type"] for r in lines_of(finished)][-1] == "session/repaired"
+    again = andon("resume", str(finished), cwd=tmp_path, environ=environ)  # balanced: no repair
+    assert again.returncode == 2 and "repaired" not in again.stderr, again.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path: Path, finished: Path) -> None:
+    # /dev/full fails every write with ENOSPC: a real full disk under one file, no root needed.
+    (finished / "lock").unlink()
+    (finished / "lock").symlink_to("/dev/full")
+    environ = home_env(tmp_path)
+    for args in (["resume", "--model", done_script(tmp_path), str(finished), "go on"],
+                 ["repair", str(finished)]):  # fmt: skip
+        result = andon(*args, cwd=tmp_path, environ=environ)
+        assert result.returncode != 0, result.stdout
+        assert "Traceback" not in result.stderr
+        assert f"No space left on device: {finished / 'lock'}" in result.stderr, result.stderr
+
+
 # --- 3. the sessions root outside the workspace ---------------------------------------------------
 
 
@@ -221,6 +255,34 @@ def test_without_andon_home_the_root_is_under_xdg_state_home(tmp_path: Path) -> 
     result = andon("run", "--model", done_script(tmp_path), "hi", cwd=tmp_path, environ=environ)
     assert result.returncode == 0, result.stderr
     assert announced(result).parent == tmp_path / "state" / "andon" / "sessions"
+
+
+@pytest.mark.parametrize("home", ["", None, "relative/home", "/"])
+def test_without_a_usable_home_the_root_is_an_error_never_slash(
+    tmp_path: Path, home: str | None
+) -> None:
+    environ = {k: v for k, v in env().items() if k not in ("HOME", "XDG_STATE_HOME")}
+    if home is not None:
+        environ["HOME"] = home
+    for args in (["run", "--model", done_script(tmp_path), "hi"], ["sessions"]):
+        result = andon(*args, cwd=tmp_path, environ=environ)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith("andon: HOME is "), result.stderr
+        assert "ANDON_HOME" in result.stderr and "--session" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+    # A run told where its session goes needs no home: the pool's folder falls back too.
+    given = andon(
+        "run", "--model", done_script(tmp_path), "--session", str(tmp_path / "s"), "hi",
+        cwd=tmp_path, environ=environ,
+    )  # fmt: skip
+    assert given.returncode == 0, given.stderr
+    assert sessions_root({"HOME": "/home/u", "XDG_STATE_HOME": ""}) == Path(
+        "/home/u/.local/state/andon/sessions"
+    )
+    assert sessions_root({"HOME": "", "ANDON_HOME": str(tmp_path)}) == tmp_path / "sessions"
+    assert runtime_root({"HOME": ""}) is None
+    with pytest.raises(ConfigError, match="HOME is not set"):
+        sessions_root({})
 
 
 def test_resume_takes_a_session_id_or_a_path(tmp_path: Path) -> None:

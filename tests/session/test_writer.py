@@ -19,6 +19,7 @@ from andon.base import (
     ManualClock,
     SessionError,
     SessionLive,
+    naming_file,
 )
 from andon.session import (
     Completed,
@@ -26,7 +27,9 @@ from andon.session import (
     SessionLog,
     StepEnd,
     TextBlock,
+    ToolCall,
     ToolCallBlock,
+    ToolErrorInfo,
     ToolResult,
     TurnEnd,
     TurnFailed,
@@ -195,6 +198,79 @@ async def test_durability_modes(tmp_path: Path, mode: str, per_append: int) -> N
     assert fsync.calls - base == per_append * len(sim.events)
     log.close()
     assert fsync.calls - base == per_append * len(sim.events) + per_append
+
+
+def _not_run_pairs(calls: list[ToolCallBlock]) -> list[ToolCall | ToolResult]:
+    """What a stopped step writes for calls that never started: a tool/call and its result each."""
+    out: list[ToolCall | ToolResult] = []
+    for block in calls:
+        out.append(ToolCall(1, 1, block.call_id, block.name, block.arguments))
+        error = ToolErrorInfo("Aborted", "ABORTED_BEFORE_DISPATCH", "aborted before dispatch")
+        out.append(ToolResult(1, 1, block.call_id, "Error", True, 0.0, error, ended_by="not-run"))
+    return out
+
+
+@pytest.mark.parametrize(("mode", "per_batch"), [("every-record", 1), ("barrier", 0)])
+def test_a_batch_is_one_write_and_at_most_one_fsync(
+    tmp_path: Path, mode: str, per_batch: int
+) -> None:
+    writes: list[bytes] = []
+
+    def write(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return os.write(fd, data)
+
+    fsync = _GatedFsync()
+    sim = Sim()
+    calls = _begin(sim, calls=500, called=0)
+    folder = tmp_path / "s"
+    log = SessionLog.open(folder, durability=mode, write=write, fsync=fsync)  # type: ignore[arg-type]
+    _write(log, sim)
+    before, syncs = len(writes), fsync.calls
+    batch = _not_run_pairs(calls)
+    written = log.append_many(batch)
+    assert len(writes) == before + 1 and writes[-1].count(b"\n") == len(batch)
+    assert fsync.calls - syncs == per_batch
+    assert [r.seq for r in written] == list(range(len(sim.events), len(sim.events) + len(batch)))
+    assert [r.data for r in written] == batch and log.next_seq == written[-1].seq + 1
+    assert log.append_many([]) == []
+    log.append(StepEnd(1, 1))
+    log.append(TurnEnd(1, Completed()))
+    log.close()
+    records = read(folder)
+    assert check(records) == []
+    validate_request(history(records))
+
+
+def test_a_batch_cut_by_a_full_disk_keeps_its_whole_lines_and_closes_the_rest(
+    tmp_path: Path,
+) -> None:
+    sim = Sim()
+    calls = _begin(sim, calls=6, called=0)
+    batch = _not_run_pairs(calls)
+    # The batch's write stops two and a half lines in (a short write at the limit), then ENOSPC.
+    folder = tmp_path / "probe"
+    with SessionLog.open(folder) as probe:
+        _write(probe, sim)
+        start = probe.path.stat().st_size
+        probe.append_many(batch[:2])
+        two = probe.path.stat().st_size - start
+    folder = tmp_path / "s"
+    log = SessionLog.open(folder, write=_recovering_write(len(sim.events), partial=two + 9))
+    _write(log, sim)
+    with pytest.raises(LogWriteFailed) as info:
+        log.append_many(batch)
+    assert info.value.errno == errno.ENOSPC
+    assert log.failed and log.open_turn is None
+    log.close()
+    records = read(folder)
+    assert records.torn is None and check(records) == []
+    after = [r.data for r in records[len(sim.events) :]]
+    assert after[:2] == batch[:2]  # the whole lines of the cut batch stand
+    closed = [d for d in after[2:] if isinstance(d, ToolResult)]
+    assert [d.call_id for d in closed] == [c.call_id for c in calls[1:]]
+    assert isinstance(after[-1], TurnEnd) and isinstance(after[-1].reason, TurnFailed)
+    validate_request(history(records))
 
 
 def test_unknown_durability_is_refused(tmp_path: Path) -> None:
@@ -406,3 +482,54 @@ def test_loading_something_that_is_not_a_session_is_a_session_error(tmp_path: Pa
         load(tmp_path / "missing")
     with pytest.raises(SessionError, match="holds no session log"):
         load(tmp_path)
+
+
+# --- a full disk names the file (/dev/full: every write fails with ENOSPC, no root needed) ----
+
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+
+
+@needs_dev_full
+def test_a_full_disk_under_the_lock_file_names_it(tmp_path: Path) -> None:
+    sim = Sim()
+    sim.start()
+    folder = tmp_path / "s"
+    with SessionLog.open(folder) as log:
+        _write(log, sim)
+    (folder / "lock").unlink()
+    (folder / "lock").symlink_to("/dev/full")
+    with pytest.raises(OSError, match="No space left") as info:
+        SessionLog.open(folder)
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(folder / "lock")
+    assert str(folder / "lock") in str(info.value)
+
+
+@needs_dev_full
+def test_a_full_disk_under_the_log_names_it(tmp_path: Path) -> None:
+    sim = Sim()
+    sim.start()
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "events.jsonl").symlink_to("/dev/full")  # an empty log on a full disk
+    log = SessionLog.open(folder)
+    with pytest.raises(LogWriteFailed) as info:
+        _write(log, sim)
+    log.close()
+    assert info.value.errno == errno.ENOSPC
+    assert f"writing the session log {folder / 'events.jsonl'} failed" in str(info.value)
+
+
+@needs_dev_full
+def test_naming_file_names_a_descriptor_error_and_keeps_a_named_one() -> None:
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        with pytest.raises(OSError, match=r"events\.jsonl") as info, naming_file("/x/events.jsonl"):
+            os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, "/x/events.jsonl")
+    assert isinstance(info.value.__cause__, OSError)
+    with pytest.raises(FileNotFoundError) as missing, naming_file("/x/other"):
+        os.open("/nonexistent/andon-test", os.O_RDONLY)
+    assert missing.value.filename == "/nonexistent/andon-test"  # already named: unchanged

@@ -51,7 +51,8 @@ async def test_a_full_disk_while_spilling_still_reports_the_call_as_run(tmp_path
     assert outcome.exit_code == 3
     assert outcome.ran
     assert outcome.error is None  # not INTERNAL, not "not run": the command ran, and failed
-    assert "could not write the output file: No space left on device" in outcome.content
+    spill = folder / "c1-1-1.log"
+    assert f"could not write {spill}: No space left on device" in outcome.content  # named
     assert outcome.content.rstrip().endswith("not stored]")
     assert outcome.output_bytes == 200001
 
@@ -66,7 +67,7 @@ async def test_a_wiped_session_folder_does_not_fail_the_call(tmp_path: Path) -> 
         )
     assert outcome.ended_by == "exit" and outcome.exit_code == 0
     assert outcome.error is None
-    assert "could not create c1-1-1.log" in outcome.content
+    assert f"could not create {session / 'tool-output' / 'c1-1-1.log'}:" in outcome.content
     assert not os.path.exists(session)
 
 

@@ -27,6 +27,7 @@ from andon.base._errors import (
     VersionMismatch,
     WorkerError,
     WorkerLost,
+    naming_file,
 )
 from andon.base._grace import GracePolicy
 from andon.base._ids import (
@@ -147,6 +148,7 @@ __all__ = [
     "is_call_id",
     "is_message_id",
     "message_id",
+    "naming_file",
     "parse_call_id",
     "session_id",
     "shape",

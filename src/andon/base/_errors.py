@@ -27,6 +27,9 @@ Nothing here imports any other part of andon.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
 
 from andon.base._codes import ErrorCode
@@ -230,3 +233,21 @@ class Aborted(AndonError):
     def __init__(self, reason: Cause) -> None:
         super().__init__(f"aborted: {reason.describe()}")
         self.reason = reason
+
+
+# --- operating-system errors ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def naming_file(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An ``OSError`` raised inside without a file name (``os.write``, ``fsync``, ``ftruncate``
+    take a descriptor, so a full disk says only "No space left on device") is raised again as the
+    same kind of error naming ``path``; one that names its file already passes unchanged. For the
+    writes of the session folder (log, lock, spill and torn files), so that every such message
+    says which file (docs/log-format.md, When the disk fails)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), os.fspath(path)) from exc

@@ -222,8 +222,11 @@ def _session_dir(value: str) -> Path:
 
     path = Path(value)
     if not path.is_dir() and value and os.sep not in value and value not in (".", ".."):
-        by_id = sessions_root() / value
-        if by_id.is_dir():
+        try:
+            by_id: Path | None = sessions_root() / value
+        except ConfigError:
+            by_id = None  # no sessions root (HOME unset): the value can only be a path
+        if by_id is not None and by_id.is_dir():
             path = by_id
     if not path.is_dir():
         raise NotADirectoryError(2, "no such session folder (nor a session id)", value)
@@ -369,7 +372,11 @@ def _job(args: argparse.Namespace) -> RunJob:
         if cwd is None and len(records) and records[0].type == "session/start":
             cwd = records[0].to_dict()["data"].get("cwd")
         if args.prompt is None and not (state.next_turn or state.next_step):
-            raise ConfigError(f"nothing to run: the inbox of {existing} is empty; give a PROMPT")
+            repaired = _repair_on_load(existing)
+            raise ConfigError(
+                f"nothing to run: the inbox of {existing} is empty; give a PROMPT"
+                + (" (the log was repaired: its interrupted turn is closed)" if repaired else "")
+            )
     if settings.system is not None:
         try:
             system_prompt = Path(settings.system).read_text(encoding="utf-8")
@@ -408,6 +415,17 @@ def _job(args: argparse.Namespace) -> RunJob:
         since_seq=since_seq,
         session_id=sid,
     )
+
+
+def _repair_on_load(folder: Path) -> bool:
+    """Open the session's log and close it again, writing nothing of its own: the open repairs a
+    crashed log under the session lock, exactly as a resume that runs would (subagents' logs
+    first, leftover processes killed). So a resume with nothing to run still leaves a log that
+    ``andon check`` accepts. Whether anything was repaired."""
+    from andon.session import SessionLog
+
+    with SessionLog.open(folder) as log:
+        return log.loaded.repaired
 
 
 def _refuse_invalid(folder: Path, records: Records) -> None:

@@ -24,20 +24,39 @@ def sessions_root(environ: Mapping[str, str] | None = None) -> Path:
         return Path(home).expanduser().absolute() / "sessions"
     state = env.get("XDG_STATE_HOME", "")
     if not state or not os.path.isabs(state):  # the XDG spec: a relative path is ignored
-        state = os.path.join(os.path.expanduser("~"), ".local", "state")
+        state = os.path.join(_home(env), ".local", "state")
     return Path(state) / "andon" / "sessions"
+
+
+def _home(env: Mapping[str, str]) -> str:
+    """``$HOME``, which must be an absolute path other than ``/``. Unset or empty, Python's
+    ``expanduser`` would give ``/`` (or the password database's entry, often ``/`` or a folder that
+    does not exist for a service user), and the sessions would land in ``/.local/state``: a
+    place nobody looks, shared by every such job. An error that says what to set instead."""
+    home = env.get("HOME", "")
+    if not home or not os.path.isabs(home) or home.strip("/") == "":
+        shown = "not set" if "HOME" not in env else f"{home!r}"
+        raise ConfigError(
+            f"HOME is {shown}, so andon has no sessions folder: set ANDON_HOME (or an absolute "
+            "XDG_STATE_HOME), or give --session DIR"
+        )
+    return home
 
 
 def runtime_root(environ: Mapping[str, str] | None = None) -> str | None:
     """Where the worker pool keeps its private socket folder: ``$XDG_RUNTIME_DIR`` if it is a
     folder, else ``run/`` beside the sessions root (created 0700). Never ``/tmp`` by default: a
     tool's ``rm -rf /tmp/*`` (a common CI clean-up) would delete the socket, and no replacement
-    worker could reach the pool again. ``None`` (the pool's own fallback) if it cannot be made."""
+    worker could reach the pool again. ``None`` (the pool's own fallback) if it cannot be made, or
+    if there is no sessions root (``HOME`` unset or empty, no ``ANDON_HOME``)."""
     env = os.environ if environ is None else environ
     xdg = env.get("XDG_RUNTIME_DIR", "")
     if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
         return xdg
-    run = sessions_root(env).parent / "run"
+    try:
+        run = sessions_root(env).parent / "run"
+    except ConfigError:
+        return None  # no home to put it beside (a run with --session DIR needs none)
     try:
         run.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:

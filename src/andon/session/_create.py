@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from andon.base import naming_file
 from andon.session._lock import LOCK_NAME
 from andon.session._reader import LOG_NAME
 
@@ -59,7 +60,8 @@ def publish(work: Path, final: Path, *, sync: bool) -> None:
     if sync:
         dir_fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            os.fsync(dir_fd)
+            with naming_file(final.parent):
+                os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
 

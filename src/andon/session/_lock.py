@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from andon.base import SessionLive
+from andon.base import SessionLive, naming_file
 
 __all__ = ["LockHolder", "SessionLock", "live_holder", "read_lock_holder"]
 
@@ -133,8 +133,9 @@ class SessionLock:
             ).encode()
             # Overwrite in place, then cut: a reader sees the old note, the new one, or (for an
             # instant) an unparsable mix that it reports as "not named yet"; never a wrong name.
-            os.pwrite(fd, note, 0)
-            os.ftruncate(fd, len(note))
+            with naming_file(path):  # a full disk names the lock file
+                os.pwrite(fd, note, 0)
+                os.ftruncate(fd, len(note))
         except BaseException:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)

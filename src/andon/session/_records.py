@@ -219,15 +219,19 @@ class Record:
         return cls(line.seq, line.time, data, synthetic, line.ignorable, extra=line.extra)
 
 
-def encode_line(record: Record) -> bytes:
+def encode_line(record: Record, obj: dict[str, Any] | None = None) -> bytes:
     """The bytes of one log line: compact UTF-8 JSON, no NaN or infinity, ``\\n``-terminated.
+    ``obj`` is ``record.to_dict()`` if the caller has it already (it is not computed twice).
 
     ``ValueError`` (NaN, a lone surrogate, a value JSON cannot hold) is raised before anything is
     written, so a bad value never reaches the file.
     """
     try:
         text = json.dumps(
-            record.to_dict(), allow_nan=False, ensure_ascii=False, separators=(",", ":")
+            record.to_dict() if obj is None else obj,
+            allow_nan=False,
+            ensure_ascii=False,
+            separators=(",", ":"),
         )
     except (TypeError, ValueError) as exc:  # NaN, infinity, a set, bytes ...
         raise ValueError(f"record {record.seq} cannot be written as JSON: {exc}") from None

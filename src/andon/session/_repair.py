@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from andon.base import Clock, SessionError, SystemClock
+from andon.base import Clock, SessionError, SystemClock, naming_file
 from andon.session._create import is_temporary
 from andon.session._leftovers import Leftover, kill_leftovers, plan_for
 from andon.session._lock import SessionLock
@@ -124,7 +124,8 @@ def _torn_target(log: Path, torn: TornTail, data: bytes) -> tuple[Path, bool]:
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        with naming_file(folder):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -151,9 +152,10 @@ def _append_whole_lines(log: Path, records: list[Record]) -> None:
     try:
         start = os.fstat(fd).st_size
         try:
-            for line in lines:
-                _write_all(fd, line)
-            os.fsync(fd)
+            with naming_file(log):  # a full disk names the log
+                for line in lines:
+                    _write_all(fd, line)
+                os.fsync(fd)
         except BaseException:
             with contextlib.suppress(OSError):  # then the next load saves it as a torn tail
                 size = os.fstat(fd).st_size
@@ -178,16 +180,18 @@ def _save_torn_tail(log: Path, torn: TornTail) -> str:
     if not saved:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            _write_all(fd, data)
-            os.fsync(fd)
+            with naming_file(target):
+                _write_all(fd, data)
+                os.fsync(fd)
         finally:
             os.close(fd)
         _fsync_dir(log.parent)
     # Only now that the bytes are safe elsewhere may the log lose them.
     fd = os.open(log, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        os.ftruncate(fd, torn.offset)
-        os.fsync(fd)
+        with naming_file(log):
+            os.ftruncate(fd, torn.offset)
+            os.fsync(fd)
     finally:
         os.close(fd)
     return target.name

@@ -23,7 +23,7 @@ signal handler raises) can land between any two bytecodes of it, in a program th
 without the CLI's signal handlers. Once ``append`` has returned or raised, either the record is
 whole in the file and the writer counts it, or none of it is in the file and the writer is as it
 was; never a seq handed out twice, never half a line left for the next one to turn into
-corruption. How: ``SessionLog._append_record``.
+corruption. How: ``SessionLog._append_records``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,21 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
-from andon.base import Clock, ErrorCode, LogWriteFailed, SessionError, SessionLive, SystemClock
+from andon.base import (
+    Clock,
+    ErrorCode,
+    LogWriteFailed,
+    SessionError,
+    SessionLive,
+    SystemClock,
+    naming_file,
+)
 from andon.session._create import make_temporary, publish, remove_temporary
 from andon.session._lock import SessionLock
 from andon.session._reader import LOG_NAME
@@ -58,7 +66,7 @@ WriteFn: TypeAlias = Callable[[int, bytes], int]
 FsyncFn: TypeAlias = Callable[[int], None]
 """``fsync(fd)`` (``os.fsync``)."""
 ProbeFn: TypeAlias = Callable[[str], None]
-"""A test seam called at each named point of an append (``SessionLog._append_record``) and of its
+"""A test seam called at each named point of an append (``SessionLog._append_records``) and of its
 mending (``SessionLog._reconcile``); a test raises ``KeyboardInterrupt`` from it to land an
 interrupt exactly there. Production passes none."""
 
@@ -220,7 +228,9 @@ class SessionLog:
         self._lock = lock
         self._fd = fd
         self._mark = _Mark(end, 0, tail)
-        self._inflight: _Mark | None = None  # the mark of an append whose write may have begun
+        # The marks of an append whose write may have begun: one per line, in order (one for a
+        # single record, several for a batch).
+        self._inflight: tuple[_Mark, ...] | None = None
         self._clock = clock
         self._write = write
         self._fsync = fsync
@@ -288,7 +298,8 @@ class SessionLog:
                     where = unpublished or folder
                     dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                     try:
-                        fsync(dir_fd)
+                        with naming_file(where):
+                            fsync(dir_fd)
                     finally:
                         os.close(dir_fd)
                 end = os.fstat(fd).st_size
@@ -366,6 +377,29 @@ class SessionLog:
         asynchronous exception (``KeyboardInterrupt``) cuts it short, the record is either whole
         in the log and counted, or not in the log at all; :attr:`next_seq` says which.
         """
+        return self._append((data,), ignorable=ignorable)[0][0]
+
+    def append_many(self, datas: Sequence[EventData]) -> list[Record]:
+        """Append several records as one batch: one ``write`` of all their lines and, in
+        ``"every-record"`` mode, one ``fsync`` for the batch (docs/log-format.md, Durability).
+
+        For many records at once (a stopped step's thousands of not-run results): the records
+        are exactly those ``append`` would write one by one, in order, with consecutive seqs. A
+        failure or an interrupt keeps the batch's whole lines that reached the file (they count,
+        as whole single appends do) and cuts off a partial one, as for a single record.
+        """
+        return [record for record, _ in self.append_encoded(datas)]
+
+    def append_encoded(self, datas: Sequence[EventData]) -> list[tuple[Record, dict[str, Any]]]:
+        """:meth:`append_many`, each record with its JSON object (``Record.to_dict()``, computed
+        once for the line: a caller that publishes the records need not compute it again)."""
+        if not datas:
+            return []
+        return self._append(tuple(datas), ignorable=False)
+
+    def _append(
+        self, datas: tuple[EventData, ...], *, ignorable: bool
+    ) -> list[tuple[Record, dict[str, Any]]]:
         with self._mutex:
             self._settle()  # an earlier append an interrupt cut short (normally nothing to do)
             if self._failure is not None:
@@ -373,14 +407,22 @@ class SessionLog:
             if self._closed:
                 raise SessionError("the session log is closed", session=str(self.session_dir))
             seq = self._mark.tail.next_seq
-            if seq == 0 and not isinstance(data, SessionStart):
-                raise ValueError("the first record of a session must be session/start")
-            if isinstance(data, Unrecognized) and not ignorable:
-                raise ValueError("a record of an unknown type can only be written as ignorable")
-            record = Record(seq, self._clock.time(), data, None, ignorable)
-            line = encode_line(record)
+            records: list[Record] = []
+            objs: list[dict[str, Any]] = []
+            lines: list[bytes] = []
+            for data in datas:
+                if seq == 0 and not isinstance(data, SessionStart):
+                    raise ValueError("the first record of a session must be session/start")
+                if isinstance(data, Unrecognized) and not ignorable:
+                    raise ValueError("a record of an unknown type can only be written as ignorable")
+                record = Record(seq, self._clock.time(), data, None, ignorable)
+                obj = record.to_dict()
+                lines.append(encode_line(record, obj))  # ValueError: none of the batch is written
+                records.append(record)
+                objs.append(obj)
+                seq += 1
             try:
-                self._append_record(record, line, sync=self.durability == "every-record")
+                self._append_records(records, lines, sync=self.durability == "every-record")
             except OSError as exc:
                 self._fail(exc)
                 raise self._refusal() from exc
@@ -391,36 +433,44 @@ class SessionLog:
                 self._settle()
             if self._unpublished is not None:
                 self._publish(self._unpublished)
-            return record
+            return list(zip(records, objs, strict=True))
 
-    def _append_record(self, record: Record, line: bytes, *, sync: bool) -> None:
-        """Write one encoded record (and ``fsync`` it if ``sync``), then commit it to the state.
+    def _append_records(self, records: list[Record], lines: list[bytes], *, sync: bool) -> None:
+        """Write encoded records in one ``write`` (and ``fsync`` them if ``sync``), then commit
+        them to the state. One record is the common case; several are a batch, whose lines are
+        marked one by one so that a cut batch keeps exactly its whole lines.
 
         Atomic against asynchronous exceptions. A signal handler's exception surfaces between
         two bytecodes, so it can split the write syscall from its bookkeeping, and no Python code
         can prevent that (masking the signal in this thread does not stop another thread's
         delivery from interrupting this one). So the bookkeeping is made not to need protecting:
 
-        * everything the append changes in memory is computed first, into a new :class:`_Mark`
-          (``after``); nothing shared is touched until ``_inflight = after`` says a write may
-          have begun;
+        * everything the append changes in memory is computed first, into new :class:`_Mark`
+          values (one per line; ``after`` is the last); nothing shared is touched until
+          ``_inflight = marks`` says a write may have begun;
         * the commit is the single store ``_mark = after``: an interrupt lands before it or after
           it, never inside;
         * between the two stores the file itself says how far the write got: this writer is the
           only one appending (the session lock; ``O_APPEND``), so the file is exactly
-          ``before.end`` bytes (nothing written), ``after.end`` (the whole line), or in between
-          (part of it). ``_reconcile`` reads that and commits or cuts back; it is idempotent, so
+          ``before.end`` bytes (nothing written), a mark's ``end`` (its lines whole), or in
+          between (part of a line). ``_reconcile`` reads that and commits or cuts back to the
+          last whole line; it is idempotent, so
           an interrupt inside it is mended by running it again, which every entry point does.
 
         In ``"every-record"`` mode the fsync comes before the commit, so every committed record
         is synced; a whole line found uncommitted is synced by ``_reconcile`` before it counts.
         """
         before = self._mark
-        after = _Mark(before.end + len(line), before.lines + 1, before.tail.fed(record))
+        marks: list[_Mark] = []
+        mark = before
+        for record, line in zip(records, lines, strict=True):
+            mark = _Mark(mark.end + len(line), mark.lines + 1, mark.tail.fed(record))
+            marks.append(mark)
+        after = mark
         self._probe("prepared")
-        self._inflight = after
+        self._inflight = tuple(marks)
         self._probe("in-flight")
-        self._write_line(line)
+        self._write_line(lines[0] if len(lines) == 1 else b"".join(lines))
         self._probe("written")
         if sync:
             self._fsync(self._fd)
@@ -445,31 +495,38 @@ class SessionLog:
         """Make the state agree with the file after an append that did not finish.
 
         A whole line stands (the kernel has it; a reader may have seen it) and is committed,
-        synced first if ``sync``; part of a line was never acknowledged and is cut off. Raises
+        synced first if ``sync``; part of a line was never acknowledged and is cut off (in a
+        batch, the lines before it stand). Raises
         ``OSError`` if the file cannot be read, cut or synced, or has a size no append of ours
-        explains. Idempotent (see ``_append_record``).
+        explains. Idempotent (see ``_append_records``).
         """
-        after = self._inflight
-        if after is None:
+        marks = self._inflight
+        if marks is None:
             return
         before = self._mark
-        if before is not after:
+        if before is not marks[-1]:
             size = os.fstat(self._fd).st_size
             self._probe("reconcile-sized")
-            if size == after.end:
-                if sync:
-                    self._fsync(self._fd)
-                self._mark = after
-                self._probe("reconcile-committed")
-            elif before.end < size < after.end:
-                os.ftruncate(self._fd, before.end)
-                self._probe("reconcile-cut")
-            elif size != before.end:
+            if not before.end <= size <= marks[-1].end:
                 raise OSError(
                     errno.EIO,
-                    f"the log is {size} bytes where this writer expected {before.end} or "
-                    f"{after.end}: something else changed it",
+                    f"the log is {size} bytes where this writer expected {before.end} to "
+                    f"{marks[-1].end}: something else changed it",
                 )
+            # The last whole line in the file (``before`` if none of the batch's is whole).
+            whole = before
+            for mark in marks:
+                if mark.end > size:
+                    break
+                whole = mark
+            if whole.end < size:
+                os.ftruncate(self._fd, whole.end)
+                self._probe("reconcile-cut")
+            if whole is not before:
+                if sync:
+                    self._fsync(self._fd)
+                self._mark = whole
+                self._probe("reconcile-committed")
         self._inflight = None
 
     def _settle(self) -> None:
@@ -502,7 +559,7 @@ class SessionLog:
         for data in closing_data(self._mark.tail, reason, WRITE_FAILURE_TEXTS):
             record = Record(self._mark.tail.next_seq, self._clock.time(), data)
             try:
-                self._append_record(record, encode_line(record), sync=False)
+                self._append_records([record], [encode_line(record)], sync=False)
             except OSError:
                 with contextlib.suppress(OSError):
                     self._reconcile(sync=False)

@@ -375,7 +375,12 @@ class Agent:
             executor=self._executor,
             hooks=self._hooks,
             inbox=self._inbox,
-            log=LogPort(write=self._write, barrier=self._barrier, publish=self._publish_live),
+            log=LogPort(
+                write=self._write,
+                write_many=self._write_many,
+                barrier=self._barrier,
+                publish=self._publish_live,
+            ),
             clock=self._clock,
             cwd=self._cwd,
             session_dir=self._logfile.path.parent,
@@ -429,8 +434,12 @@ class Agent:
     # -- what the turn driver calls ----------------------------------------------------------
 
     def _write(self, data: Any) -> Record:
+        return self._write_many((data,))[0]
+
+    def _write_many(self, datas: Sequence[Any]) -> list[Record]:
+        """Append records as one batch (``SessionLog.append_many``); one record is a batch too."""
         try:
-            record = self._logfile.append(data)
+            written = self._logfile.append_encoded(datas)
         except LogWriteFailed as e:
             if self._failure is None:
                 self._failure = e
@@ -441,13 +450,14 @@ class Agent:
                     }
                 )
             raise
-        if record.type != "assistant/chunk":
-            self._records.append(record)
-        if record.type == "tool/call":
-            self.tool_calls += 1
-        if self._subscribers:
-            self._publish(record.to_dict())
-        return record
+        for record, obj in written:
+            if record.type != "assistant/chunk":
+                self._records.append(record)
+            if record.type == "tool/call":
+                self.tool_calls += 1
+            if self._subscribers:
+                self._publish(obj)
+        return [record for record, _ in written]
 
     async def _barrier(self) -> None:
         try:

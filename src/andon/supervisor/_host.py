@@ -36,11 +36,13 @@ class LogPort:
     """The agent's log as a turn sees it.
 
     ``write`` appends a record (raising ``LogWriteFailed``, which the agent also remembers);
+    ``write_many`` appends several as one batch (one write, docs/log-format.md, Durability);
     ``barrier`` makes everything written so far durable; ``publish`` sends a live-only event (one
     that carries no ``seq`` and is never logged) to the agent's subscribers.
     """
 
     write: Callable[[EventData], Record]
+    write_many: Callable[[Sequence[EventData]], list[Record]]
     barrier: Callable[[], Awaitable[None]]
     publish: Callable[[dict[str, Any]], None]
 

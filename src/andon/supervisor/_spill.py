@@ -41,6 +41,7 @@ class Spill:
         self.stored = 0  # the bytes in the spill file
         self.fd: int | None = None
         self.relpath: str | None = None
+        self.path: Path | None = None  # the spill file, once created
         self.problem: str | None = None  # why spilling stopped early, if it did
         self._stopped = False
 
@@ -71,8 +72,9 @@ class Spill:
             folder.mkdir(mode=0o700, exist_ok=True)
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         except (OSError, ValueError) as e:  # ValueError: a path the OS cannot take (NUL, not text)
-            self._fail(f"could not create {path.name}: {getattr(e, 'strerror', None) or e}")
+            self._fail(f"could not create {path}: {getattr(e, 'strerror', None) or e}")
             return False
+        self.path = path
         self.relpath = f"tool-output/{self.call_id}.log"
         return True
 
@@ -86,7 +88,7 @@ class Spill:
                 self.stored += written
                 view = view[written:]
         except OSError as e:
-            self._fail(f"could not write the output file: {e.strerror or e}")
+            self._fail(f"could not write {self.path}: {e.strerror or e}")
             return
         if self.stored >= self.cap:
             self.close()

@@ -378,7 +378,7 @@ class _Scheduler:
                 for c in self.calls:
                     if c.outcome is None:
                         c.outcome = _internal_outcome(c.call_id, failure)
-                while self._commit_next() is not None:
+                while self._commit_next():
                     pass  # no PostTool after a failure: the turn is failing
                 raise failure
         # Every call that never started: a skip result (a pair, if tool/call is not written).
@@ -397,18 +397,20 @@ class _Scheduler:
         failure: BaseException | None = None
         async with asyncio.TaskGroup() as running:
             try:
-                for call in batch:
+                i = 0
+                while i < len(batch):
                     await slots.acquire()
                     if signal.aborted:
                         slots.release()
                         break  # no further call starts
-                    outcome = await self._start(call, signal)
-                    if outcome is None:
-                        call.dispatched = True
-                        running.create_task(self._run_one(call, signal, slots))
-                    else:
-                        call.outcome = outcome
-                        slots.release()
+                    # Every slot free now takes a call: their tool/call records share one write
+                    # and one fsync instead of one each (acquiring a free slot never waits).
+                    group = [batch[i]]
+                    while i + len(group) < len(batch) and not slots.locked():
+                        await slots.acquire()
+                        group.append(batch[i + len(group)])
+                    i += len(group)
+                    await self._start(group, signal, running, slots)
                     await self._commit_ready()
                 while True:
                     await self._commit_ready()
@@ -443,13 +445,36 @@ class _Scheduler:
             slots.release()
             self.finished.set()
 
-    async def _start(self, call: _Call, signal: AbortSignal) -> ToolOutcome | None:
-        """Write tool/call, make it durable, ask the pre-tool hooks. None: dispatch it."""
+    async def _start(
+        self,
+        group: list[_Call],
+        signal: AbortSignal,
+        running: asyncio.TaskGroup,
+        slots: asyncio.Semaphore,
+    ) -> None:
+        """Write the group's tool/call records, make them durable (one barrier for the group),
+        then ask the pre-tool hooks of each call in order and dispatch it, or answer it (denied,
+        or the turn stopped meanwhile) and give its slot back."""
         t = self.t
-        t.write(ToolCall(t.turn, t.step, call.call_id, call.name, call.arguments))
-        call.written = True
+        t.host.log.write_many(
+            [ToolCall(t.turn, t.step, c.call_id, c.name, c.arguments) for c in group]
+        )
+        for call in group:
+            call.written = True
         # A tool's side effects never begin before its tool/call is on disk.
         await t.host.log.barrier()
+        for call in group:
+            outcome = await self._admit(call, signal)
+            if outcome is None:
+                call.dispatched = True
+                running.create_task(self._run_one(call, signal, slots))
+            else:
+                call.outcome = outcome
+                slots.release()
+
+    async def _admit(self, call: _Call, signal: AbortSignal) -> ToolOutcome | None:
+        """Ask the pre-tool hooks about a call whose tool/call is durable. None: dispatch it."""
+        t = self.t
         if signal.aborted:
             return aborted_before_dispatch(call.call_id)
         info = ToolCallInfo(call.call_id, call.name, call.arguments, t.turn, t.step)
@@ -477,36 +502,55 @@ class _Scheduler:
             return result
         return await host.executor.execute(request, signal, _LogObserver(self.t, call.call_id))
 
-    def _commit_next(self) -> _Call | None:
-        """Write the next call's result (and its tool/call if missing), if it has one."""
-        if self.next >= len(self.calls) or self.calls[self.next].outcome is None:
-            return None
-        call = self.calls[self.next]
-        outcome = call.outcome
-        assert outcome is not None and not call.committed
+    def _commit_next(self) -> list[_Call]:
+        """Write the next call's result (and its tool/call if missing), if it has one; and if it
+        did not run, those of every ready call after it that did not run either, as one batch
+        (one write: a stopped step's thousands of queued calls must not cost a record each,
+        docs/log-format.md, Durability). The calls written, in model order; none if the next
+        call has no outcome yet."""
+        first = self.next
+        if first >= len(self.calls) or self.calls[first].outcome is None:
+            return []
+        end = first + 1
+        if self._not_run(self.calls[first]):
+            while end < len(self.calls) and self._not_run(self.calls[end]):
+                end += 1
         t = self.t
-        if not call.written:
-            t.write(ToolCall(t.turn, t.step, call.call_id, call.name, call.arguments))
+        batch: list[Any] = []
+        for call in self.calls[first:end]:
+            outcome = call.outcome
+            assert outcome is not None and not call.committed
+            if not call.written:
+                batch.append(ToolCall(t.turn, t.step, call.call_id, call.name, call.arguments))
+            batch.append(_result_record(t.turn, t.step, outcome))
+        t.host.log.write_many(batch)
+        done = self.calls[first:end]
+        for call in done:
             call.written = True
-        t.write(_result_record(t.turn, t.step, outcome))
-        # Counted before any hook runs: a raising hook can never make a result be written twice.
-        call.committed = True
-        self.next += 1
-        return call
+            # Counted before any hook runs: a raising hook can never make a result be written
+            # twice.
+            call.committed = True
+        self.next = end
+        return done
+
+    @staticmethod
+    def _not_run(call: _Call) -> bool:
+        return call.outcome is not None and call.outcome.ended_by == "not-run"
 
     async def _commit_ready(self) -> None:
         """Write results in model order, as far as they are available; ``PostTool`` hooks run
         once for each call that ran (never for one that did not: there is nothing to observe)."""
-        while (call := self._commit_next()) is not None:
-            outcome = call.outcome
-            assert outcome is not None
-            if outcome.ended_by == "not-run":
-                continue
-            t = self.t
-            info = ToolCallInfo(call.call_id, call.name, call.arguments, t.turn, t.step)
-            for hook in t.host.hooks:
-                if isinstance(hook, PostTool):
-                    await hook.fn(info, outcome, signal=t.signal)
+        while done := self._commit_next():
+            for call in done:
+                outcome = call.outcome
+                assert outcome is not None
+                if outcome.ended_by == "not-run":
+                    continue
+                t = self.t
+                info = ToolCallInfo(call.call_id, call.name, call.arguments, t.turn, t.step)
+                for hook in t.host.hooks:
+                    if isinstance(hook, PostTool):
+                        await hook.fn(info, outcome, signal=t.signal)
 
 
 class _LogObserver(ExecutionObserver):
