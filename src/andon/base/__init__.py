@@ -52,6 +52,7 @@ from andon.base._shapes import (
     hint_codec,
     shape,
 )
+from andon.base._text import clean_text, cut_text, name_path, show_name
 from andon.base._vocabulary import (
     CANCEL_STAGES,
     CONTAINMENTS,
@@ -141,13 +142,17 @@ __all__ = [
     "call_tag",
     "catch_all",
     "cause_from_dict",
+    "clean_text",
     "codec_for",
+    "cut_text",
     "executor_id",
     "hint_codec",
     "is_call_id",
     "is_message_id",
     "message_id",
+    "name_path",
     "parse_call_id",
     "session_id",
     "shape",
+    "show_name",
 ]

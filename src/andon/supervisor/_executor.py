@@ -66,6 +66,7 @@ from andon.base import (
     Timer,
     WorkerError,
     call_tag,
+    clean_text,
     executor_id,
 )
 from andon.protocol import (
@@ -401,7 +402,11 @@ class ToolExecutor:
             grace=grace,
             output_head_bytes=self.head_bytes,
             output_tail_bytes=self.tail_bytes,
-            env_add={**self.env_add, "ANDON_CALL_ID": request.call_id},
+            # Values from this process's environment may hold any bytes; the wire takes text.
+            env_add={
+                clean_text(k): clean_text(v)
+                for k, v in {**self.env_add, "ANDON_CALL_ID": request.call_id}.items()
+            },
             env_remove=self.env_remove,
         )
         try:

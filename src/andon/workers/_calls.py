@@ -496,7 +496,7 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     await ctx.flush_reports()
     if outcome is None:
         outcome = _no_outcome(status, stopped=ended_by != "exit")
-    data = outcome.content.encode("utf-8", "replace")
+    data = outcome.content.encode("utf-8")  # valid: the call process made it so
     return Result(
         call_id=run.call_id,
         exit_code=None,
