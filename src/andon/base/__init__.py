@@ -32,6 +32,7 @@ from andon.base._grace import GracePolicy
 from andon.base._ids import (
     call_id,
     call_tag,
+    check_session_id,
     executor_id,
     is_call_id,
     is_message_id,
@@ -142,6 +143,7 @@ __all__ = [
     "call_tag",
     "catch_all",
     "cause_from_dict",
+    "check_session_id",
     "clean_text",
     "codec_for",
     "cut_text",
