@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from andon.base import clean_text, name_path, show_name
 
@@ -61,3 +63,20 @@ def test_an_ordinary_path_is_its_own_name() -> None:
     assert name_path("a\\b") == "a\\b"  # a backslash that starts no escape is itself
     assert name_path("a\\x41") == "a\\x41"  # only bytes 80..ff are ever escaped
     assert name_path("caf\\xc3\\xa9") == "caf\u00e9"  # UTF-8 spelled by bytes is the character
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=40))
+def test_show_name_and_name_path_are_exact_inverses_for_any_bytes(raw: bytes) -> None:
+    shown = show_name(os.fsdecode(raw))
+    shown.encode("utf-8")  # valid text: the log, the wire and the model take it
+    assert os.fsencode(name_path(shown)) == raw
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=40))
+def test_clean_text_is_valid_and_keeps_every_valid_character(raw: bytes) -> None:
+    text = clean_text(raw)
+    text.encode("utf-8")
+    assert clean_text(os.fsdecode(raw)) == text
+    assert text.replace("\ufffd", "") == raw.decode("utf-8", "ignore").replace("\ufffd", "")

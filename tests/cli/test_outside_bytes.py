@@ -90,3 +90,32 @@ def test_a_system_prompt_file_of_any_bytes_is_read_with_u_fffd(tmp_path: Path) -
     systems = [m["content"] for m in bodies[0]["messages"] if m["role"] == "system"]
     assert systems == ["You fix builds. Caf\ufffd."]
     assert_balanced(tmp_path / "s")
+
+
+def test_a_workspace_path_of_any_bytes_runs_and_resumes_there(tmp_path: Path) -> None:
+    """The session's cwd is a file name: recorded with the file tools' escape, and mapped back on
+    resume, so the tools run in the real folder both times."""
+    workspace = os.fsencode(tmp_path) + b"/ws\xe9"
+    os.mkdir(workspace)
+    probe = {"name": "bash", "arguments": {"command": "pwd | od -An -tx1 | tr -d ' \\n'"}}
+    model = script(
+        tmp_path / "s.json", [{"text": "Where?", "tool_calls": [probe]}, {"text": "Ok."}]
+    )
+    session = tmp_path / "session"
+    argv = [sys.executable, "-m", "andon", "run", "--model", model, "--session", str(session)]
+    for cwd in (workspace, os.fsencode(tmp_path)):  # the first run, then a resume from elsewhere
+        done = subprocess.run(
+            [*argv, "go"],
+            cwd=cwd,
+            env=env(ANDON_HOME=str(tmp_path / "home")),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+    recs = records(session)
+    assert recs[0]["data"]["cwd"] == os.fsdecode(os.fsencode(tmp_path)) + "/ws\\xe9"
+    results = [r["data"]["content"] for r in recs if r["type"] == "tool/result"]
+    where = (workspace + b"\n").hex()
+    assert [r.splitlines()[0] for r in results] == [where, where]
+    assert_balanced(session)

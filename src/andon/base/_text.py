@@ -13,7 +13,9 @@ one of two rules:
   not valid UTF-8 is written ``\\xHH`` (two lower-case hex digits) and a backslash of the name
   itself ``\\\\``, so the escape is visible, reversible, and a name that merely looks like an
   escape (a file really called ``a\\xff``) is shown ``a\\\\xff`` and never misread.
-  :func:`name_path` is the inverse the file tools apply to every path they are given.
+  :func:`name_path` is the inverse the file tools apply to every path they are given. The two
+  are exact inverses for any ``str`` whose surrogates are escapes, so the same pair also carries
+  paths and environment values over the wire to a worker without losing a byte.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon.base import ConfigError, Disposed, User
+from andon.base import ConfigError, Disposed, User, name_path
 from andon.cli._settings import Settings, add_agent_options, read_system_prompt, resolve
 from andon.cli._term import TermOutput, to_ansi
 
@@ -99,7 +99,8 @@ def _job(args: argparse.Namespace) -> _Job:
             model_spec = state.model.spec
         system_prompt = state.system_prompt
         if cwd is None and len(records) and records[0].type == "session/start":
-            cwd = records[0].to_dict()["data"].get("cwd")
+            logged = records[0].to_dict()["data"].get("cwd")
+            cwd = None if logged is None else name_path(logged)  # as show_name recorded it
     if settings.system is not None:
         system_prompt = read_system_prompt(settings.system)
     if cwd is not None and not Path(cwd).is_dir():

@@ -33,6 +33,7 @@ from andon.base import (
     LogFormatUnsupported,
     SessionLive,
     clean_text,
+    name_path,
 )
 
 if TYPE_CHECKING:
@@ -368,7 +369,8 @@ def _job(args: argparse.Namespace) -> RunJob:
             model_spec = state.model.spec
         system_prompt = state.system_prompt
         if cwd is None and len(records) and records[0].type == "session/start":
-            cwd = records[0].to_dict()["data"].get("cwd")
+            logged = records[0].to_dict()["data"].get("cwd")
+            cwd = None if logged is None else name_path(logged)  # as show_name recorded it
         if args.prompt is None and not (state.next_turn or state.next_step):
             raise ConfigError(f"nothing to run: the inbox of {existing} is empty; give a PROMPT")
     if settings.system is not None:

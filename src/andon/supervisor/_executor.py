@@ -66,8 +66,8 @@ from andon.base import (
     Timer,
     WorkerError,
     call_tag,
-    clean_text,
     executor_id,
+    show_name,
 )
 from andon.protocol import (
     MAX_JSON_DEPTH,
@@ -397,14 +397,16 @@ class ToolExecutor:
             tool=tool.name,
             tag=call_tag(request.owner or self.identity, request.call_id),
             arguments=arguments,
-            cwd=request.cwd,
+            cwd=show_name(request.cwd),  # the wire takes text: the worker maps it back
             timeout=timeout,
             grace=grace,
             output_head_bytes=self.head_bytes,
             output_tail_bytes=self.tail_bytes,
-            # Values from this process's environment may hold any bytes; the wire takes text.
+            # A value from this process's environment (a path, a passed variable) may hold any
+            # bytes and the wire takes text: spelled as a file name, the worker maps it back, so
+            # the tool gets the bytes themselves.
             env_add={
-                clean_text(k): clean_text(v)
+                show_name(k): show_name(v)
                 for k, v in {**self.env_add, "ANDON_CALL_ID": request.call_id}.items()
             },
             env_remove=self.env_remove,

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Final
 
 import andon
-from andon.base import Clock, ConfigError, GracePolicy, SystemClock, check_session_id
+from andon.base import (
+    Clock,
+    ConfigError,
+    GracePolicy,
+    SystemClock,
+    check_session_id,
+    show_name,
+)
 from andon.base import session_id as new_session_id
 from andon.llm import API_KEY_ENV_VARS, Model
 from andon.session import (
@@ -143,7 +150,7 @@ async def open_agent(
                     session_id if session_id is not None else new_session_id(),
                     andon.__version__,
                     clock.time(),
-                    workdir,
+                    show_name(workdir),  # a path of any bytes, spelled as the file tools spell it
                     record_model,
                     prompt,
                     os.getpid(),

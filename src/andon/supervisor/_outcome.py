@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from andon.base import Cause, EndedBy, ErrorCode, clean_text
+from andon.base import Cause, EndedBy, ErrorCode, clean_text, show_name
 from andon.protocol import ErrorInfo, Started
 
 __all__ = ["StageMark", "ToolOutcome", "format_output", "not_run", "status_line"]
@@ -98,7 +98,7 @@ def format_output(head: bytes, tail: bytes, total: int, spill: str | None) -> st
     shown = len(head) + len(tail)
     text = clean_text(head)
     if total > shown:
-        where = f"; full output in {spill}" if spill else ""
+        where = f"; full output in {show_name(spill)}" if spill else ""
         text += f"\n[… {total - shown} bytes omitted{where} …]\n"
     text += clean_text(tail)
     return text

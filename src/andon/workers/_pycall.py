@@ -45,6 +45,7 @@ from andon.base import (
     cause_from_dict,
     clean_text,
     cut_text,
+    name_path,
     procs,
 )
 from andon.protocol import ErrorInfo, Run
@@ -181,7 +182,7 @@ def _child(
         # Every process of a call carries its tag, this one too (and so every fork of it).
         procs.stamp_tag(run.tag)
         _set_environment(env)
-        os.chdir(run.cwd)
+        os.chdir(name_path(run.cwd))
         outcome = _run_tool(tool, arguments, cancel_fd, run)
         _write_all(out_fd, _encode_outcome(outcome))
         status = _EXIT_OK
