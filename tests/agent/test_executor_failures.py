@@ -2,11 +2,11 @@
 replaces it): with one worker, the next call runs (docs/agent-loop.md, Tool calls; docs/workers.md).
 
 Each failure here is a real one: an argument the wire cannot carry (an integer beyond 64 bits, a
-lone surrogate, nesting deeper than the protocol takes, a message over its size limit), a session
-folder whose name is not UTF-8, an observer writing to a full disk (``/dev/full``: every write
-fails with ENOSPC), a task cancelled under its call. Arguments are the model's mistake
-(``INVALID_ARGUMENTS``, naming the field, and the turn goes on); the rest are andon's
-(``INTERNAL``).
+lone surrogate, nesting deeper than the protocol takes, a message over its size limit), a name to
+scrub from the environment that the wire cannot carry, an observer writing to a full disk
+(``/dev/full``: every write fails with ENOSPC), a task cancelled under its call. Arguments are
+the model's mistake (``INVALID_ARGUMENTS``, naming the field, and the turn goes on); the rest are
+andon's (``INTERNAL``).
 """
 
 from __future__ import annotations
@@ -120,27 +120,56 @@ async def test_arguments_a_worker_would_refuse_are_invalid_and_cost_no_worker(
         assert dict(pool.workers) == workers  # nothing was sent, nobody was broken
 
 
+async def test_a_session_folder_whose_name_is_not_utf8_runs_and_the_tool_gets_its_bytes(
+    tmp_path: Path,
+) -> None:
+    # It reaches the tool as ANDON_SESSION: spelled on the wire as a file name (msgpack strings
+    # cannot carry the byte) and mapped back by the worker (docs/log-format.md, Text).
+    odd = tmp_path / os.fsdecode(b"session-\xff")
+    probe = {"command": "printf %s \"$ANDON_SESSION\" | od -An -tx1 | tr -d ' \\n'"}
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "bash", "arguments": probe}]},
+        {"text": "done"},
+    ]
+    async with _agent(odd, replies) as agent:
+        agent.followup("go")
+        await asyncio.wait_for(agent.when_idle(), 30)
+    result = _results(odd)["c1-1-1"]
+    assert "error" not in result, result
+    assert result["content"] == os.fsencode(odd).hex() + "\n[exit code 0]"
+    assert turn_ends(odd) == [{"kind": "completed"}]
+    assert_sound(odd)
+
+
 async def test_a_run_message_andon_cannot_encode_is_internal_and_holds_no_worker(
     tmp_path: Path,
 ) -> None:
-    # A session folder whose name is not UTF-8 reaches the tool as ANDON_SESSION: the wire
-    # (msgpack strings) cannot carry it. That is andon's limit, not the model's call.
-    odd = tmp_path / os.fsdecode(b"session-\xff")
+    # A variable to scrub whose name is a lone surrogate (a caller's secret_env): andon's own part
+    # of the message, which the wire (msgpack strings) cannot carry. andon's limit, not the
+    # model's call.
     tools = registry()
     async with WorkerPool(WorkerPoolConfig(size=1, containment="subreaper"), tools) as pool:
         workers = dict(pool.workers)
         first = [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo hi"}}]}]
-        async with _agent(odd, [*first, {"text": "done"}], pool) as agent:
+        folder = tmp_path / "first"
+        async with andon.open_agent(
+            folder,
+            model=Scripted([*first, {"text": "done"}]),
+            tools=tools,
+            workers=pool,
+            secret_env=["ODD_\ud800"],
+            grace=GracePolicy(term_after=1.0, kill_after=1.0),
+        ) as agent:
             agent.followup("go")
             await asyncio.wait_for(agent.when_idle(), 30)
-        failed = _results(odd)["c1-1-1"]
+        failed = _results(folder)["c1-1-1"]
         assert failed["error"]["code"] == "INTERNAL"
         assert failed["ended_by"] == "not-run"
         assert failed["content"].startswith("Error: internal error in andon's executor: ")
         assert "encoding the run message failed" in failed["content"]
         # An INTERNAL result is andon's failure: the turn ends error (docs/log-format.md, Error
         # codes).
-        (end,) = turn_ends(odd)
+        (end,) = turn_ends(folder)
         assert end["kind"] == "error" and end["error"]["code"] == "INTERNAL"
         assert "c1-1-1" in end["error"]["message"]
         # The one worker was never taken: another session on the pool runs at once.

@@ -268,14 +268,17 @@ def test_header_not_a_map(header: object) -> None:
     ("header", "match"),
     [
         ({"type": "run", "call_id": "c1-1-1"}, "no 'v'"),
-        ({"v": 3, "call_id": "c1-1-1"}, "no 'type'"),
-        ({"v": 3, "type": 7}, "'type' is not a string"),
-        ({"v": 3, "type": b"run"}, "'type' is not a string"),
-        ({"v": 3, "type": "run", "call_id": 3}, "'call_id' is not a string"),
-        ({"v": 3, "type": "run", "call_id": None}, "'call_id' is not a string"),
-        ({"v": 3, "type": "run", "call_id": "c1-1-1", "extra": 1}, "unexpected key extra"),
-        ({"v": 3, "type": "run"}, "does not match"),
-        ({"v": 3, "type": "run", "call_id": "c9-9-9"}, "does not match"),
+        ({"v": PROTOCOL_VERSION, "call_id": "c1-1-1"}, "no 'type'"),
+        ({"v": PROTOCOL_VERSION, "type": 7}, "'type' is not a string"),
+        ({"v": PROTOCOL_VERSION, "type": b"run"}, "'type' is not a string"),
+        ({"v": PROTOCOL_VERSION, "type": "run", "call_id": 3}, "'call_id' is not a string"),
+        ({"v": PROTOCOL_VERSION, "type": "run", "call_id": None}, "'call_id' is not a string"),
+        (
+            {"v": PROTOCOL_VERSION, "type": "run", "call_id": "c1-1-1", "extra": 1},
+            "unexpected key extra",
+        ),
+        ({"v": PROTOCOL_VERSION, "type": "run"}, "does not match"),
+        ({"v": PROTOCOL_VERSION, "type": "run", "call_id": "c9-9-9"}, "does not match"),
     ],
 )
 def test_bad_headers(header: dict[str, object], match: str) -> None:
@@ -489,7 +492,7 @@ def test_encode_can_refuse_an_oversized_message() -> None:
 
 
 @pytest.mark.parametrize(
-    "version", [0, 1, 2, 4, -1, 2**64 - 1, "3", 3.0, True, None, [1]], ids=repr
+    "version", [0, 1, 2, 3, 5, -1, 2**64 - 1, "4", 4.0, True, None, [1]], ids=repr
 )
 def test_wrong_version(version: object) -> None:
     frames = frames_of(RUN, header=lambda h: changed(h, v=version))
@@ -501,13 +504,13 @@ def test_wrong_version(version: object) -> None:
 
 
 def test_version_is_checked_before_anything_else_in_the_header() -> None:
-    header = msgpack.packb({"v": 4, "type": "from-the-future", "flags": [1, 2]})
+    header = msgpack.packb({"v": 5, "type": "from-the-future", "flags": [1, 2]})
     with pytest.raises(VersionMismatch):
         decode([header, b"\xc1 not even msgpack"])
 
 
 def test_unknown_type_keeps_the_call_id() -> None:
-    header = msgpack.packb({"v": 3, "type": "teleport", "call_id": "c1-1-1"})
+    header = msgpack.packb({"v": PROTOCOL_VERSION, "type": "teleport", "call_id": "c1-1-1"})
     with pytest.raises(UnknownMessage) as info:
         decode([header, msgpack.packb({})])
     assert info.value.type_name == "teleport"

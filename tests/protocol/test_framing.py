@@ -27,6 +27,7 @@ from andon.base import (
     VersionMismatch,
 )
 from andon.protocol import (
+    PROTOCOL_VERSION,
     ErrorInfo,
     ErrorReply,
     Hello,
@@ -173,7 +174,7 @@ async def test_garbage_on_the_router_keeps_the_sender_identity(endpoint: str) ->
 async def test_every_kind_of_bad_frame_on_the_router(endpoint: str) -> None:
     head, body = encode(RESULT)
     wrong_version = msgpack.packb({"v": 99, "type": "result", "call_id": "c1-1-1"})
-    unknown = msgpack.packb({"v": 3, "type": "teleport", "call_id": "c1-1-1"})
+    unknown = msgpack.packb({"v": PROTOCOL_VERSION, "type": "teleport", "call_id": "c1-1-1"})
     cases: list[tuple[list[bytes], type[ProtocolError], str | None]] = [
         ([head, body[:-1]], MalformedFrame, "c1-1-1"),
         ([head], MalformedFrame, None),

@@ -35,9 +35,10 @@ from andon.protocol._messages import MESSAGE_CLASSES
 PROTOCOL_SRC = Path(protocol.__file__).parent
 
 
-def test_protocol_version_is_three() -> None:
-    # 3: ``cancel`` carries the cause and the time left to KILL.
-    assert PROTOCOL_VERSION == 3
+def test_protocol_version_is_four() -> None:
+    # 3: ``cancel`` carries the cause and the time left to KILL. 4: ``run`` spells its ``cwd`` and
+    # ``env_add`` as file names (any bytes as text; the worker maps them back).
+    assert PROTOCOL_VERSION == 4
 
 
 def test_every_message_class_is_in_the_union_and_has_a_unique_tag() -> None:

@@ -149,3 +149,28 @@ def data_tools() -> andon.tools.ToolRegistry:
     reg = more_tools()
     reg.add(takes_data)
     return reg
+
+
+@andon.tools.tool
+def fails_at_length(size: int) -> str:
+    """Raises with a message of ``size`` characters."""
+    raise RuntimeError("x" * size)
+
+
+@andon.tools.tool
+def returns_escaped() -> str:
+    """Returns what ``os.fsdecode`` makes of a Latin-1 name: a str with a surrogate escape."""
+    return "found " + os.fsdecode(b"caf\xe9") + " and \ud800"
+
+
+@andon.tools.tool
+def raises_escaped() -> str:
+    """Raises with a surrogate escape in its message (an OSError about such a file does)."""
+    raise FileNotFoundError(os.fsdecode(b"no caf\xe9 here"))
+
+
+def bytes_tools() -> andon.tools.ToolRegistry:
+    reg = registry()
+    for t in (fails_at_length, returns_escaped, raises_escaped):
+        reg.add(t)
+    return reg

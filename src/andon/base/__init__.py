@@ -33,6 +33,7 @@ from andon.base._grace import GracePolicy
 from andon.base._ids import (
     call_id,
     call_tag,
+    check_session_id,
     executor_id,
     is_call_id,
     is_message_id,
@@ -53,6 +54,7 @@ from andon.base._shapes import (
     hint_codec,
     shape,
 )
+from andon.base._text import clean_text, cut_text, name_path, show_name
 from andon.base._vocabulary import (
     CANCEL_STAGES,
     CONTAINMENTS,
@@ -142,14 +144,19 @@ __all__ = [
     "call_tag",
     "catch_all",
     "cause_from_dict",
+    "check_session_id",
+    "clean_text",
     "codec_for",
+    "cut_text",
     "executor_id",
     "hint_codec",
     "is_call_id",
     "is_message_id",
     "message_id",
+    "name_path",
     "naming_file",
     "parse_call_id",
     "session_id",
     "shape",
+    "show_name",
 ]

@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 import secrets
 
+from andon.base._errors import ConfigError
+
 __all__ = [
     "call_id",
     "call_tag",
+    "check_session_id",
     "executor_id",
     "is_call_id",
     "is_message_id",
@@ -18,7 +21,13 @@ __all__ = [
 ]
 
 _MESSAGE_ID = re.compile(r"m-[0-9a-f]{12}")
-_TAG_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
+# A session id is half of every call's process tag (``<session id>-<call id>``), which names the
+# call's cgroup and is matched byte for byte in /proc/<pid>/environ: a letter or digit first (never
+# '.' or '..'), then letters, digits, '.', '_' and '-'. Tags stay unique: a call id
+# (``c<turn>-<step>-<n>``, no '.' or '_') is the tag's last three '-'-separated parts, so
+# ``tag.rsplit("-", 3)`` gives back the one owner and call id it was made of.
+_TAG_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SESSION_ID_FORM = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 _CALL_ID = re.compile(r"c([1-9][0-9]*)-([1-9][0-9]*)-([1-9][0-9]*)")
 
 
@@ -30,6 +39,17 @@ def message_id() -> str:
 def session_id() -> str:
     """``"s-"`` + 12 hex digits."""
     return "s-" + secrets.token_hex(6)
+
+
+def check_session_id(value: object) -> str:
+    """``value`` if it can be a session id (:data:`SESSION_ID_FORM`: ``my_session``,
+    ``build.42``, ``github-7781-1``); else ``ConfigError`` saying the allowed form."""
+    if not isinstance(value, str) or _TAG_PART.fullmatch(value) is None:
+        raise ConfigError(
+            f"session_id {value!r} cannot be used: it names every process of the session's tool "
+            f"calls, so it must be {SESSION_ID_FORM}"
+        )
+    return value
 
 
 def executor_id() -> str:
@@ -47,7 +67,7 @@ def call_tag(owner: str, call_id: str) -> str:
     """
     for part in (owner, call_id):
         if _TAG_PART.fullmatch(part) is None:
-            raise ValueError(f"{part!r} cannot name a call's processes (letters, digits, '-')")
+            raise ValueError(f"{part!r} cannot name a call's processes ({SESSION_ID_FORM})")
     return f"{owner}-{call_id}"
 
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon.base import ConfigError, Disposed, User
-from andon.cli._settings import Settings, add_agent_options, resolve
+from andon.base import ConfigError, Disposed, User, name_path
+from andon.cli._settings import Settings, add_agent_options, read_system_prompt, resolve
 from andon.cli._term import TermOutput, to_ansi
 
 __all__ = ["register", "run"]
@@ -99,14 +99,10 @@ def _job(args: argparse.Namespace) -> _Job:
             model_spec = state.model.spec
         system_prompt = state.system_prompt
         if cwd is None and len(records) and records[0].type == "session/start":
-            cwd = records[0].to_dict()["data"].get("cwd")
+            logged = records[0].to_dict()["data"].get("cwd")
+            cwd = None if logged is None else name_path(logged)  # as show_name recorded it
     if settings.system is not None:
-        try:
-            system_prompt = Path(settings.system).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(
-                f"cannot read the system prompt file {settings.system}: {e}"
-            ) from None
+        system_prompt = read_system_prompt(settings.system)
     if cwd is not None and not Path(cwd).is_dir():
         raise ConfigError(f"--cwd: no such directory: {cwd}")
     model = load_model(model_spec, settings.thinking)

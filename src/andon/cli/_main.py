@@ -32,6 +32,8 @@ from andon.base import (
     LogCorrupted,
     LogFormatUnsupported,
     SessionLive,
+    clean_text,
+    name_path,
 )
 
 if TYPE_CHECKING:
@@ -343,7 +345,7 @@ def _job(args: argparse.Namespace) -> RunJob:
     """Everything ``run``/``resume`` needs, checked before any process starts (errors exit 2)."""
     from andon.cli._run import RunJob
     from andon.cli._sessions import new_session_dir
-    from andon.cli._settings import resolve
+    from andon.cli._settings import read_system_prompt, resolve
     from andon.cli._setup import load_model
     from andon.session import fold_state, read
 
@@ -370,7 +372,8 @@ def _job(args: argparse.Namespace) -> RunJob:
             model_spec = state.model.spec
         system_prompt = state.system_prompt
         if cwd is None and len(records) and records[0].type == "session/start":
-            cwd = records[0].to_dict()["data"].get("cwd")
+            logged = records[0].to_dict()["data"].get("cwd")
+            cwd = None if logged is None else name_path(logged)  # as show_name recorded it
         if args.prompt is None and not (state.next_turn or state.next_step):
             repaired = _repair_on_load(existing)
             raise ConfigError(
@@ -378,16 +381,12 @@ def _job(args: argparse.Namespace) -> RunJob:
                 + (" (the log was repaired: its interrupted turn is closed)" if repaired else "")
             )
     if settings.system is not None:
-        try:
-            system_prompt = Path(settings.system).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(
-                f"cannot read the system prompt file {settings.system}: {e}"
-            ) from None
+        system_prompt = read_system_prompt(settings.system)
     if cwd is not None and not Path(cwd).is_dir():
         raise ConfigError(f"--cwd: no such directory: {cwd}")
     model = load_model(model_spec, settings.thinking)
-    prompt = args.prompt
+    # Outside text: argv holds invalid bytes as surrogate escapes, stdin is read as bytes.
+    prompt = None if args.prompt is None else clean_text(args.prompt)
     if prompt is None and args.command == "run":
         prompt = _read_stdin()
     if prompt is not None and not prompt.strip():
@@ -453,7 +452,9 @@ def _read_stdin() -> str:
     if sys.stdin is None or sys.stdin.isatty():
         raise ConfigError("no prompt: give PROMPT, or pipe it on stdin")
     try:
-        return sys.stdin.read()
+        # Bytes, not the locale's text: a prompt may hold any byte, and the rule that makes it
+        # text is andon's (U+FFFD), not whatever the locale's decoder would raise.
+        return clean_text(sys.stdin.buffer.read())
     except KeyboardInterrupt:
         raise ConfigError("interrupted while reading the prompt from stdin") from None
 

@@ -21,11 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon.base import ConfigError, GracePolicy
+from andon.base import ConfigError, GracePolicy, clean_text
 from andon.cli._prices import Price, parse_prices
 from andon.cli._workers import CONTAINERS, ContainerSettings, parse_containers, workers_in
 
-__all__ = ["ENV_VARS", "MAX_GRACE", "TOML_FILE", "Settings", "max_workers", "resolve"]
+__all__ = [
+    "ENV_VARS",
+    "MAX_GRACE",
+    "TOML_FILE",
+    "Settings",
+    "max_workers",
+    "read_system_prompt",
+    "resolve",
+]
 
 TOML_FILE: Final = "andon.toml"
 
@@ -308,3 +316,12 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         metavar="WHERE",
         help="where tools run: local (default) or container:IMAGE (see [containers] in andon.toml)",
     )
+
+
+def read_system_prompt(path: str) -> str:
+    """The text of a ``--system`` file, made valid Unicode by andon's rule (a Latin-1 byte is
+    U+FFFD, docs/log-format.md, Text); ``ConfigError`` naming the file if it cannot be read."""
+    try:
+        return clean_text(Path(path).read_bytes())
+    except OSError as e:
+        raise ConfigError(f"cannot read the system prompt file {path}: {e}") from None

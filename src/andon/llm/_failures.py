@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import httpx
 
-from andon.base import ErrorCode, ModelError
+from andon.base import ErrorCode, ModelError, clean_text
 from andon.llm._request import DEEPSEEK
 from andon.llm._retry import code_for_status
 from andon.llm._wire import valid_text
@@ -84,7 +84,7 @@ def scrub(text: str, secret: str | None) -> str:
 
 def _server_message(body: bytes, secret: str | None) -> str:
     """The human part of an error body: ``error.message``, ``message``, ``detail`` or the text."""
-    text = body.decode("utf-8", errors="replace")
+    text = clean_text(body)
     try:
         parsed: Any = json.loads(text)
     except ValueError:

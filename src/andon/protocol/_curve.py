@@ -41,7 +41,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils import z85
 
-from andon.base import ConfigError
+from andon.base import ConfigError, clean_text
 
 __all__ = [
     "CurveKeys",
@@ -239,7 +239,7 @@ def _parse_certificate(path: Path, what: str) -> _Certificate:
     found: dict[str, bytes] = {}
     for number, line in enumerate(_read(path, what).splitlines(), start=1):
         name, equals, value = line.strip().partition(b"=")
-        field = name.strip().decode("ascii", "replace")
+        field = clean_text(name.strip())
         if not equals or field not in ("public-key", "secret-key"):
             continue  # comments, section names, metadata: not ours to judge (as pyzmq)
         key = value.strip(b" \t'\"")
@@ -475,7 +475,7 @@ def _reply(request_id: bytes, status: bytes, text: bytes, *, user_id: bytes = b"
 
 def _printable(raw: bytes) -> str:
     # What a peer put in a frame, safe to show in a log line: short, and no control characters.
-    text = raw[:64].decode("ascii", "replace")
+    text = clean_text(raw[:64])
     return "".join(c if c.isprintable() else "?" for c in text)
 
 

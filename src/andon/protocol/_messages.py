@@ -60,7 +60,7 @@ __all__ = [
     "Welcome",
 ]
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The ``v`` of every header. A peer speaking another version is broken, not negotiated with."""
 
 MessageType = Literal[
@@ -137,6 +137,8 @@ class Run:
     arguments: dict[str, Any]
     """JSON-like values only (None, bool, int, float, str, lists, str-keyed maps). Read-only."""
     cwd: str
+    """The working folder, spelled as the file tools spell a name (``andon.base.show_name``: any
+    bytes, as text); the worker maps it back with ``name_path``."""
     timeout: float | None
     """Seconds until the call's own timeout starts the grace timeline; None for no timeout."""
     grace: GracePolicy
@@ -148,7 +150,8 @@ class Run:
     """The call's unique tag (owner + call id): set as ``ANDON_CALL_TAG`` in every process of the
     call and naming its cgroup, so nothing of another session's calls is ever taken for it."""
     env_add: dict[str, str] = field(default_factory=dict)
-    """Variables set for the tool (``ANDON_CALL_ID``, ``ANDON_SESSION``, ...). Read-only."""
+    """Variables set for the tool (``ANDON_CALL_ID``, ``ANDON_SESSION``, ...), names and values
+    spelled like ``cwd`` (mapped back to their bytes by the worker). Read-only."""
     env_remove: tuple[str, ...] = ()
     """Variables scrubbed from the tool's environment (the model API keys in use)."""
 

@@ -47,6 +47,7 @@ from andon.base import (
     MessageSource,
     SystemClock,
     Timer,
+    clean_text,
     message_id,
 )
 from andon.llm import Model
@@ -315,7 +316,8 @@ class Agent:
             raise self._failure
         if not isinstance(text, str):
             raise TypeError("a message is a string")
-        message = UserMessage(message_id(), text, source)
+        # Outside text (a prompt from argv, a pasted log): valid Unicode before the log sees it.
+        message = UserMessage(message_id(), clean_text(text), source)
         phase = self._phase
         waking_after_abort = (
             wakes and not isinstance(phase, _Idle) and phase.controller.signal.aborted

@@ -67,6 +67,7 @@ from andon.base import (
     WorkerError,
     call_tag,
     executor_id,
+    show_name,
 )
 from andon.protocol import (
     MAX_JSON_DEPTH,
@@ -396,12 +397,18 @@ class ToolExecutor:
             tool=tool.name,
             tag=call_tag(request.owner or self.identity, request.call_id),
             arguments=arguments,
-            cwd=request.cwd,
+            cwd=show_name(request.cwd),  # the wire takes text: the worker maps it back
             timeout=timeout,
             grace=grace,
             output_head_bytes=self.head_bytes,
             output_tail_bytes=self.tail_bytes,
-            env_add={**self.env_add, "ANDON_CALL_ID": request.call_id},
+            # A value from this process's environment (a path, a passed variable) may hold any
+            # bytes and the wire takes text: spelled as a file name, the worker maps it back, so
+            # the tool gets the bytes themselves.
+            env_add={
+                show_name(k): show_name(v)
+                for k, v in {**self.env_add, "ANDON_CALL_ID": request.call_id}.items()
+            },
             env_remove=self.env_remove,
         )
         try:

@@ -23,7 +23,7 @@ import multiprocess
 import multiprocess.context
 from multiprocess import popen_forkserver, spawn
 
-from andon.base import Containment, ContainmentSetting, WorkerError, procs
+from andon.base import Containment, ContainmentSetting, WorkerError, clean_text, procs
 from andon.protocol import Started
 from andon.supervisor._launch import (
     LaunchedWorker,
@@ -332,7 +332,7 @@ def _forkserver_holds(names: frozenset[str]) -> list[str]:
             block = f.read()
     except OSError:
         return []
-    present = {entry.partition(b"=")[0].decode("utf-8", "replace") for entry in block.split(b"\0")}
+    present = {clean_text(entry.partition(b"=")[0]) for entry in block.split(b"\0")}
     return sorted(present & names)
 
 

@@ -13,12 +13,20 @@ from pathlib import Path
 from typing import Final
 
 import andon
-from andon.base import Clock, GracePolicy, SystemClock
+from andon.base import (
+    Clock,
+    ConfigError,
+    GracePolicy,
+    SystemClock,
+    check_session_id,
+    show_name,
+)
 from andon.base import session_id as new_session_id
 from andon.llm import API_KEY_ENV_VARS, Model
 from andon.session import (
     FORMAT_VERSION,
     ModelInfo,
+    Record,
     SessionLog,
     SessionResumed,
     SessionStart,
@@ -46,6 +54,18 @@ DEFAULT_SYSTEM_PROMPT = (
 # are the llm layer's (declared once there): a key variable added for a new provider is hidden
 # from the tools by the same change.
 SECRET_ENV: Final[tuple[str, ...]] = tuple(sorted(API_KEY_ENV_VARS))
+
+
+def _check_logged_session_id(loaded: Sequence[Record]) -> None:
+    """A session whose recorded id cannot name its calls' processes (written by an andon that
+    did not check it) is refused before anything is appended: every call would fail."""
+    for record in loaded:
+        if isinstance(record.data, SessionStart):
+            try:
+                check_session_id(record.data.session_id)
+            except ConfigError as e:
+                raise ConfigError(f"cannot resume this session: {e}") from None
+            return
 
 
 def _secret_names(model: Model, secret_env: Sequence[str]) -> tuple[str, ...]:
@@ -97,6 +117,8 @@ async def open_agent(
     """
     if max_parallel is not None:
         check_max_parallel(max_parallel)  # before anything is opened: a bad value loses nothing
+    if session_id is not None:
+        check_session_id(session_id)  # the same: it would name every call's processes
     clock = clock or SystemClock()
     registry = tools if tools is not None else default()
     pool_config = pool or WorkerPoolConfig()
@@ -108,6 +130,7 @@ async def open_agent(
         info = model.info
         record_model = ModelInfo(info.spec, info.provider, info.name)
         if loaded:
+            _check_logged_session_id(loaded)
             state = fold_state(loaded)
             first = log.append(
                 SessionResumed(
@@ -127,7 +150,7 @@ async def open_agent(
                     session_id if session_id is not None else new_session_id(),
                     andon.__version__,
                     clock.time(),
-                    workdir,
+                    show_name(workdir),  # a path of any bytes, spelled as the file tools spell it
                     record_model,
                     prompt,
                     os.getpid(),

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from andon.base import Cause, EndedBy, ErrorCode
+from andon.base import Cause, EndedBy, ErrorCode, clean_text, show_name
 from andon.protocol import ErrorInfo, Started
 
 __all__ = ["StageMark", "ToolOutcome", "format_output", "not_run", "status_line"]
@@ -96,11 +96,11 @@ def not_run(call_id: str, code: ErrorCode, name: str, message: str) -> ToolOutco
 def format_output(head: bytes, tail: bytes, total: int, spill: str | None) -> str:
     """Head and tail of the output as text; a marker in the middle says what was left out."""
     shown = len(head) + len(tail)
-    text = head.decode("utf-8", "replace")
+    text = clean_text(head)
     if total > shown:
-        where = f"; full output in {spill}" if spill else ""
+        where = f"; full output in {show_name(spill)}" if spill else ""
         text += f"\n[… {total - shown} bytes omitted{where} …]\n"
-    text += tail.decode("utf-8", "replace")
+    text += clean_text(tail)
     return text
 
 

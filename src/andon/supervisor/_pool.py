@@ -48,6 +48,7 @@ from andon.base import (
     ContainmentSetting,
     ProtocolError,
     WorkerError,
+    clean_text,
     procs,
 )
 from andon.llm import API_KEY_ENV_VARS
@@ -772,7 +773,7 @@ class WorkerPool:
         try:
             while True:
                 routed = await recv_routed(sock, limit, read_user_id=curve)
-                worker_id = routed.identity.decode("utf-8", "replace")
+                worker_id = clean_text(routed.identity)
                 # Checked before anything is believed: a bad frame under another worker's name
                 # must not get that worker killed.
                 if curve and not self._sent_by_its_key(worker_id, routed.user_id):

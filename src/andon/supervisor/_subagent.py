@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import andon
-from andon.base import AbortSignal, ErrorCode, Parent, session_id
+from andon.base import AbortSignal, ErrorCode, Parent, session_id, show_name
 from andon.llm import Model
 from andon.protocol import ErrorInfo
 from andon.session import (
@@ -99,7 +99,7 @@ async def _run_child(call: SubagentCall, model: Model, prompt: str) -> ToolOutco
                 session_id(),
                 andon.__version__,
                 host.clock.time(),
-                host.cwd,
+                show_name(host.cwd),
                 ModelInfo(info.spec, info.provider, info.name),
                 prompt,
                 os.getpid(),

@@ -36,6 +36,7 @@ from andon.base import (
     SignalStage,
     any_signal,
     call_id,
+    clean_text,
 )
 from andon.llm import (
     Chunk,
@@ -583,7 +584,7 @@ class _LogObserver(ExecutionObserver):
 
     def on_output(self, call_id: str, data: bytes) -> None:
         self.turn.host.log.publish(
-            {"type": "tool/output", "call_id": call_id, "text": data.decode("utf-8", "replace")}
+            {"type": "tool/output", "call_id": call_id, "text": clean_text(data)}
         )
 
 

@@ -41,6 +41,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
+from andon.base import clean_text
+
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.types import Mount
@@ -79,7 +81,7 @@ def _which(name: str) -> str | None:
 def _log_head(path: Path) -> str:
     """The first lines of a log, on one line (for a skip reason or an error message)."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        lines = clean_text(path.read_bytes()).splitlines()
     except OSError:
         return "(no log)"
     head = [line.strip() for line in lines if line.strip()][:_LOG_LINES]
@@ -376,7 +378,7 @@ def make_worker_image(client: DockerClient, tag: str) -> str:
         if done.returncode != 0:
             raise RuntimeError(
                 f"cannot import the worker image {tag}: {error}; podman import: "
-                f"{done.stderr.decode(errors='replace').strip()}"
+                f"{clean_text(done.stderr).strip()}"
             )
     client.images.get(tag)  # either route: the engine must now know it by that name
     return tag

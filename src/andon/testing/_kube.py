@@ -72,7 +72,7 @@ from types import TracebackType
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from andon.base import procs
+from andon.base import clean_text, procs
 
 __all__ = ["FakeKubernetes", "Hold", "Recorded"]
 
@@ -1682,7 +1682,7 @@ class FakeKubernetes:
             try:
                 body = json.loads(raw)
             except ValueError as exc:
-                body = raw.decode("utf-8", "replace")
+                body = clean_text(raw)
                 unparsable = str(exc)
         with self._cond:
             self._requests.append(Recorded(method, split.path, query, body))

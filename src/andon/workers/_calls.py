@@ -42,6 +42,8 @@ from andon.base import (
     SignalStage,
     User,
     cause_from_dict,
+    name_path,
+    show_name,
 )
 from andon.base import procs as _procs
 from andon.protocol import (
@@ -276,7 +278,7 @@ def internal_error_result(ctx: CallContext, error: Exception) -> Result:
 
 def tool_environment(run: Run) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in run.env_remove}
-    env.update(run.env_add)
+    env.update((name_path(k), name_path(v)) for k, v in run.env_add.items())
     env["ANDON_CALL_ID"] = run.call_id
     env[TAG_VAR] = run.tag
     return env
@@ -326,7 +328,7 @@ async def _announce(ctx: CallContext, pid: int, call_cgroup: Path | None) -> Non
 async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
     run = ctx.run
     command = str(arguments["command"])
-    cwd = os.path.join(run.cwd, str(arguments.get("cwd") or "."))
+    cwd = os.path.join(name_path(run.cwd), name_path(str(arguments.get("cwd") or ".")))
     env = tool_environment(run)
     output = HeadTail(run.output_head_bytes, run.output_tail_bytes)
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -351,7 +353,7 @@ async def _run_shell(ctx: CallContext, arguments: dict[str, Any]) -> Result:
             CgroupTree.remove(call_cgroup)
         message = f"could not start bash: {e.strerror or e}"
         if e.errno == errno.ENOENT and not os.path.isdir(cwd):
-            message = f"working directory {cwd} does not exist"
+            message = f"working directory {show_name(cwd)} does not exist"
         return _not_run(ctx, ErrorCode.TOOL_ERROR, message)
     os.close(write_fd)
     # A bigger pipe means fewer, larger output messages (each costs a trip through both event
@@ -496,7 +498,7 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     await ctx.flush_reports()
     if outcome is None:
         outcome = _no_outcome(status, stopped=ended_by != "exit")
-    data = outcome.content.encode("utf-8", "replace")
+    data = outcome.content.encode("utf-8")  # valid: the call process made it so
     return Result(
         call_id=run.call_id,
         exit_code=None,

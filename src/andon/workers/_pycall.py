@@ -13,8 +13,11 @@ Two pipes join it to the worker:
   the pipe, so a cancel that lands between the fork and the tool's first line is never lost: the
   call process reads the pipe before it calls the tool, and does not call it when a cancel is
   already there.
-* call -> worker: the outcome, one msgpack map ``{"content", "error"}``, then EOF. Its size is
-  capped (:data:`CONTENT_CAP`): the wire message that carries it has a limit.
+* call -> worker: the outcome, one msgpack map ``{"content", "error"}``, then EOF. The result
+  text and the error message are each made valid Unicode (a tool may return or raise with any
+  str, surrogate escapes of a file name included: msgpack refuses those) and capped alike at
+  :data:`CONTENT_CAP`, in :func:`_encode_outcome` and nowhere else: the wire message that carries
+  them has a limit, and an outcome the worker cannot read would be reported as no outcome.
 
 SIGTERM and SIGKILL are not the call process's business: the worker sends them to its group.
 """
@@ -34,14 +37,27 @@ from typing import Any, NoReturn
 
 import msgpack
 
-from andon.base import AbortController, Aborted, Cause, ErrorCode, cause_from_dict, procs
+from andon.base import (
+    AbortController,
+    Aborted,
+    Cause,
+    ErrorCode,
+    cause_from_dict,
+    clean_text,
+    cut_text,
+    name_path,
+    procs,
+)
 from andon.protocol import ErrorInfo, Run
 from andon.workers._registry import Tool
 
 __all__ = ["CONTENT_CAP", "CallProcess", "Outcome", "spawn"]
 
 CONTENT_CAP = 4 * 1024 * 1024
-"""The largest result text a Python tool can return; beyond it the text is cut and says so."""
+"""The largest result text, and the largest error message, a Python tool can return (UTF-8
+bytes); beyond it the text is cut and says so."""
+_READ_CAP = 2 * CONTENT_CAP + 64 * 1024
+"""The most the worker reads of an outcome: both texts at their cap, and the map around them."""
 
 _LEN = struct.Struct(">I")
 _EXIT_OK = 0
@@ -98,7 +114,7 @@ class CallProcess:
                 with contextlib.suppress(ValueError, OSError, RuntimeError):
                     asyncio.get_running_loop().remove_reader(fd)
                 return
-            if len(self._result) <= CONTENT_CAP + 64 * 1024:  # beyond: dropped (cannot happen)
+            if len(self._result) <= _READ_CAP:  # beyond: dropped (cannot happen)
                 self._result += data
 
     def take_outcome(self) -> Outcome | None:
@@ -166,7 +182,7 @@ def _child(
         # Every process of a call carries its tag, this one too (and so every fork of it).
         procs.stamp_tag(run.tag)
         _set_environment(env)
-        os.chdir(run.cwd)
+        os.chdir(name_path(run.cwd))
         outcome = _run_tool(tool, arguments, cancel_fd, run)
         _write_all(out_fd, _encode_outcome(outcome))
         status = _EXIT_OK
@@ -236,21 +252,28 @@ def _run_tool(tool: Tool, arguments: dict[str, Any], cancel_fd: int, run: Run) -
             if controller.signal.aborted:
                 return _aborted()
             value = fn(**kwargs)
+        text = "" if value is None else str(value)
     except Aborted:
         return _aborted()
     except SystemExit as e:  # the tool called sys.exit(): its failure, not the call process's
-        message = f"the tool called sys.exit({e.code!r})"
-        return Outcome(
-            f"Error: {message}",
-            ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message),
-        )
+        return _tool_error(f"the tool called sys.exit({e.code!r})")
     except Exception as e:  # a tool's own failure is a result
-        message = f"{type(e).__name__}: {e}"
-        return Outcome(
-            f"Error: {message}",
-            ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message),
-        )
-    return Outcome("" if value is None else str(value), None)
+        return _tool_error(f"{type(e).__name__}: {_said(e)}")
+    return Outcome(text, None)
+
+
+def _tool_error(message: str) -> Outcome:
+    return Outcome(
+        f"Error: {message}", ErrorInfo(name="ToolError", code=ErrorCode.TOOL_ERROR, message=message)
+    )
+
+
+def _said(e: BaseException) -> str:
+    """What the exception says; a ``__str__`` that itself raises is the tool's bug, not ours."""
+    try:
+        return str(e)
+    except Exception as inner:
+        return f"<its message could not be made: {type(inner).__name__}>"
 
 
 def _aborted() -> Outcome:
@@ -309,19 +332,13 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _encode_outcome(outcome: Outcome) -> bytes:
-    content = outcome.content
-    encoded = content.encode("utf-8", "replace")
-    if len(encoded) > CONTENT_CAP:
-        cut = encoded[:CONTENT_CAP].decode("utf-8", "ignore")
-        content = f"{cut}\n[andon cut the tool's result at {CONTENT_CAP} of {len(encoded)} bytes]"
     error = outcome.error
-    packed: bytes = msgpack.packb(
-        {
-            "content": content,
-            "error": None if error is None else [error.name, error.code.value, error.message],
-        },
-        use_bin_type=True,
-    )
+    wired = None
+    if error is not None:
+        message = cut_text(clean_text(error.message), CONTENT_CAP, "the tool's error message")
+        wired = [clean_text(error.name), error.code.value, message]
+    content = cut_text(clean_text(outcome.content), CONTENT_CAP, "the tool's result")
+    packed: bytes = msgpack.packb({"content": content, "error": wired}, use_bin_type=True)
     return packed
 
 
