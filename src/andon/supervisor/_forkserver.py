@@ -15,9 +15,10 @@ import contextlib
 import logging
 import os
 import signal as _signal
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import multiprocess
 import multiprocess.context
@@ -250,8 +251,6 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     not hide) cannot be replaced while workers of it live (each holds it open), so this refuses
     with ``WorkerError`` rather than start a worker that holds a key.
     """
-    from multiprocess import forkserver, resource_tracker
-
     _Scrub.names |= hidden
     held = _forkserver_holds(hidden)
     if held:
@@ -259,32 +258,76 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     if _forkserver_pid() is not None:
         return  # running, and clean of every name asked for
     names = (procs.TAG_VAR, *sorted(_Scrub.names))
-    saved = {name: os.environ.get(name) for name in names}
     # The forkserver (and multiprocess's resource tracker, started with it) live in the
     # supervisor's process group, where a CI runner's SIGINT/SIGTERM/SIGHUP to the whole group
     # also lands: one that dies of it (or prints a KeyboardInterrupt while its interpreter
     # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
     # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
-    # once they have their own session (workers/_main.py). What arrives here meanwhile stays
-    # pending and is delivered to the supervisor when the mask is restored.
-    stop_signals = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP}
-    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
+    # once they have their own session (workers/_main.py).
+    saved = {name: os.environ.get(name) for name in names}
     try:
         for name in _Scrub.names:
             os.environ.pop(name, None)
         os.environ[procs.TAG_VAR] = procs.TAG_SLOT
-        # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them
-        # on its way out; started first, on its own, it cannot unblock them under the forkserver.
-        resource_tracker.ensure_running()
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
-        forkserver.ensure_running()
+        _in_blocking_thread(_spawn_helpers)
     finally:
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+_STOP_SIGNALS: Final = frozenset({_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP})
+
+
+def _spawn_helpers() -> None:
+    from multiprocess import forkserver, resource_tracker
+
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, _STOP_SIGNALS)
+    if _SpawnWindow.hook is not None:
+        _SpawnWindow.hook()
+    # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them on
+    # its way out; started first, on its own, it cannot unblock them under the forkserver.
+    resource_tracker.ensure_running()
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, _STOP_SIGNALS)
+    forkserver.ensure_running()
+
+
+def _in_blocking_thread(spawn: Callable[[], None]) -> None:
+    """Run ``spawn`` in a thread of its own that blocks the stop signals, and wait for it.
+
+    A mask is per thread, and a child inherits the mask of the thread that forks it: so the
+    helpers start with the signals blocked while this (the recording) thread never blocks them.
+    Blocked here, two signals arriving in the window would stay pending together and be handed
+    over highest number first (SIGTERM before SIGINT, whatever the order they came in: the
+    kernel keeps a set, not a queue, and ``sigwaitinfo`` or a signalfd read that set in number
+    order too); unblocked, each is delivered as it arrives and recorded in that order (the
+    event loop's wake-up fd), and the first decides the exit code.
+
+    Waited for synchronously (nothing else runs while the environment is scrubbed), and to its
+    end even when a signal's handler raises meanwhile (the helpers must not outlive a restored
+    environment half-spawned): that exception is raised afterwards."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            spawn()
+        except BaseException as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="andon-forkserver-spawn", daemon=True)
+    thread.start()
+    interrupted: BaseException | None = None
+    while thread.is_alive():
+        try:
+            thread.join()
+        except BaseException as e:  # a KeyboardInterrupt in a library caller's thread, say
+            interrupted = interrupted or e
+    if failed:
+        raise failed[0]
+    if interrupted is not None:
+        raise interrupted
 
 
 def _restart_forkserver(hidden: frozenset[str]) -> None:
@@ -304,6 +347,13 @@ def _restart_forkserver(hidden: frozenset[str]) -> None:
     server._forkserver_pid = None
     server._forkserver_address = None
     _ensure_forkserver(hidden)
+
+
+class _SpawnWindow:
+    """Tests only: ``hook`` runs inside the spawn window, with the stop signals blocked, to hold
+    it open while a test signals (tests/cli/slow_start.py)."""
+
+    hook: ClassVar[Callable[[], None] | None] = None
 
 
 class _Scrub:
