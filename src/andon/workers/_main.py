@@ -64,11 +64,13 @@ from andon.workers._registry import ToolRegistry
 
 __all__ = ["WorkerFault", "WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
 
-WorkerFault: TypeAlias = Literal["garbage-after-started", "error-before-result"]
+WorkerFault: TypeAlias = Literal["garbage-after-started", "error-before-result", "no-hello"]
 """A protocol fault a test asks every worker of a pool to commit, as a buggy or hostile worker
 would: ``garbage-after-started``, frames that are no message right after ``started``;
 ``error-before-result``, an ``error`` about the call sent right before its ``result`` (the
-supervisor must take the call as lost, not believe the result that follows)."""
+supervisor must take the call as lost, not believe the result that follows); ``no-hello``, a
+worker that connects and never says hello, as one on a machine too busy to start it in time
+would (the pool's start lasts until its deadline, or until it is stopped)."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,9 @@ class Worker:
             for sig in (_signal.SIGTERM, _signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_stop_signal)
         try:
+            if self.options.fault == "no-hello":
+                # Until the pool kills it, or the supervisor is gone (the watch above).
+                await asyncio.Event().wait()
             await self.send(
                 Hello(
                     protocol=PROTOCOL_VERSION,
