@@ -4,7 +4,8 @@ in place of ``andon ARGS`` by the start-up signal tests.
 
 With ``HOLD_SPAWN=FIFO`` in its environment, the forkserver's spawn window (the stop signals
 blocked where the forkserver is spawned) is held open: it says ``spawn window held`` on stderr,
-then waits until a writer opens ``FIFO`` and closes it.
+then waits until a writer opens ``FIFO`` and closes it. With ``PRELOAD=MODULE``, the forkserver
+imports ``MODULE`` first (from its working directory, this process's), before andon's own modules.
 
 The command's own entry module is imported first, so the signal handlers are in place exactly as
 in ``andon``; the fault is set where the CLI builds its pool options. A signal while this module
@@ -22,6 +23,7 @@ import andon.cli
 from andon.cli import _signals
 
 HOLD_VAR = "HOLD_SPAWN"
+PRELOAD_VAR = "PRELOAD"
 
 
 def _patch() -> None:
@@ -45,6 +47,11 @@ def _patch() -> None:
                 f.read()
 
         _forkserver._SpawnWindow.hook = hold
+    preload = os.environ.get(PRELOAD_VAR)
+    if preload:
+        from andon.supervisor import _forkserver
+
+        _forkserver._PRELOAD = [preload, *_forkserver._PRELOAD]
 
 
 if __name__ == "__main__":

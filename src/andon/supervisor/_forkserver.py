@@ -15,10 +15,9 @@ import contextlib
 import logging
 import os
 import signal as _signal
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 import multiprocess
 import multiprocess.context
@@ -33,6 +32,7 @@ from andon.supervisor._launch import (
     WorkerLauncher,
     WorkerSpec,
 )
+from andon.supervisor._spawner import STOP_SIGNALS, in_spawner
 from andon.workers import (
     CgroupTree,
     WorkerFault,
@@ -263,13 +263,15 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     # also lands: one that dies of it (or prints a KeyboardInterrupt while its interpreter
     # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
     # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
-    # once they have their own session (workers/_main.py).
+    # once they have their own session (workers/_main.py). They are spawned from a thread of
+    # their own (andon.supervisor._spawner): andon's own signals stay in order, and a kill -9 of
+    # andon takes both down with it.
     saved = {name: os.environ.get(name) for name in names}
     try:
         for name in _Scrub.names:
             os.environ.pop(name, None)
         os.environ[procs.TAG_VAR] = procs.TAG_SLOT
-        _in_blocking_thread(_spawn_helpers)
+        in_spawner(_spawn_helpers)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -278,56 +280,18 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
                 os.environ[name] = value
 
 
-_STOP_SIGNALS: Final = frozenset({_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP})
-
-
 def _spawn_helpers() -> None:
+    """On the spawner thread (``andon.supervisor._spawner``: the stop signals blocked there only,
+    and the helpers die with it, that is with this process)."""
     from multiprocess import forkserver, resource_tracker
 
-    _signal.pthread_sigmask(_signal.SIG_BLOCK, _STOP_SIGNALS)
     if _SpawnWindow.hook is not None:
         _SpawnWindow.hook()
     # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them on
     # its way out; started first, on its own, it cannot unblock them under the forkserver.
     resource_tracker.ensure_running()
-    _signal.pthread_sigmask(_signal.SIG_BLOCK, _STOP_SIGNALS)
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, STOP_SIGNALS)
     forkserver.ensure_running()
-
-
-def _in_blocking_thread(spawn: Callable[[], None]) -> None:
-    """Run ``spawn`` in a thread of its own that blocks the stop signals, and wait for it.
-
-    A mask is per thread, and a child inherits the mask of the thread that forks it: so the
-    helpers start with the signals blocked while this (the recording) thread never blocks them.
-    Blocked here, two signals arriving in the window would stay pending together and be handed
-    over highest number first (SIGTERM before SIGINT, whatever the order they came in: the
-    kernel keeps a set, not a queue, and ``sigwaitinfo`` or a signalfd read that set in number
-    order too); unblocked, each is delivered as it arrives and recorded in that order (the
-    event loop's wake-up fd), and the first decides the exit code.
-
-    Waited for synchronously (nothing else runs while the environment is scrubbed), and to its
-    end even when a signal's handler raises meanwhile (the helpers must not outlive a restored
-    environment half-spawned): that exception is raised afterwards."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            spawn()
-        except BaseException as e:
-            failed.append(e)
-
-    thread = threading.Thread(target=run, name="andon-forkserver-spawn", daemon=True)
-    thread.start()
-    interrupted: BaseException | None = None
-    while thread.is_alive():
-        try:
-            thread.join()
-        except BaseException as e:  # a KeyboardInterrupt in a library caller's thread, say
-            interrupted = interrupted or e
-    if failed:
-        raise failed[0]
-    if interrupted is not None:
-        raise interrupted
 
 
 def _restart_forkserver(hidden: frozenset[str]) -> None:
