@@ -109,6 +109,7 @@ class ForkserverLauncher(WorkerLauncher):
             worker_id=worker_id,
             registry=self._registry,
             supervisor_pid=os.getpid(),
+            supervisor_start=_own_start(),
             containment=self.containment,
             log_path=str(setup.runtime_dir / f"{worker_id}.log"),
             cgroup_base=str(self._cgroups.base) if self._cgroups is not None else None,
@@ -311,6 +312,12 @@ def _restart_forkserver(hidden: frozenset[str]) -> None:
     server._forkserver_pid = None
     server._forkserver_address = None
     _ensure_forkserver(hidden)
+
+
+def _own_start() -> int | None:
+    """This process's start time (clock ticks since boot), for the workers' watch of it."""
+    info = procs.stat(os.getpid())
+    return info.start if info is not None else None
 
 
 class _SpawnWindow:

@@ -32,7 +32,7 @@ from typing import Literal, TypeAlias
 import zmq
 import zmq.asyncio
 
-from andon.base import CancelStage, Containment, ContainmentSetting, ProtocolError
+from andon.base import CancelStage, Containment, ContainmentSetting, ProtocolError, procs
 from andon.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -79,6 +79,9 @@ class WorkerOptions:
     worker_id: str
     registry: ToolRegistry
     supervisor_pid: int | None = None  # local workers watch it with a pidfd
+    # Its start time (clock ticks since boot): a supervisor killed while this worker started may
+    # have its pid reused by then, and a stranger must not be taken for it.
+    supervisor_start: int | None = None
     containment: ContainmentSetting = "auto"
     log_path: str | None = None
     cgroup_base: str | None = None  # the pool's own cgroup tree (cgroup mode)
@@ -103,6 +106,9 @@ class WorkerOptions:
 
 def worker_main(options: WorkerOptions) -> None:
     """Entry point of a worker process (the target the pool starts)."""
+    if _supervisor_gone_already(options):
+        # Killed while this worker was being forked: nothing was started, nothing to say.
+        os._exit(0)
     if options.detach:
         _detach(options.log_path)
     mode = detect_mode(options.containment)
@@ -113,6 +119,21 @@ def worker_main(options: WorkerOptions) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _supervisor_gone_already(options: WorkerOptions) -> bool:
+    """Whether the supervisor named by pid and start time is no longer running: checked first
+    thing, before the worker's own set-up (which takes seconds on a busy machine)."""
+    if options.supervisor_pid is None or options.supervisor_start is None:
+        return False
+    key = procs.ProcessKey(options.supervisor_pid, options.supervisor_start)
+    handle = procs.Pidfd.open(key, zombie_ok=True)
+    if handle is None:
+        return True
+    try:
+        return handle.exited()
+    finally:
+        handle.close()
 
 
 def leave_session_and_reset_signals() -> None:
@@ -261,11 +282,20 @@ class Worker:
         pid = self.options.supervisor_pid
         if pid is None:
             return None
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._supervisor_gone()
-            return None
+        start = self.options.supervisor_start
+        if start is not None:
+            # Its pid and start time: a reused pid is not our supervisor, who is then gone.
+            handle = procs.Pidfd.open(procs.ProcessKey(pid, start), zombie_ok=True)
+            if handle is None:
+                self._supervisor_gone()
+                return None
+            fd = handle.fd
+        else:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._supervisor_gone()
+                return None
         loop.add_reader(fd, self._supervisor_gone)
         return fd
 
