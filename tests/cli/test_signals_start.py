@@ -298,3 +298,58 @@ def test_json_prints_the_summary_for_a_signal_before_the_session_exists(tmp_path
     assert summary["type"] == "run/summary"
     assert summary["exit_code"] == 143 and summary["session"] is None
     assert summary["turns"] == 0 and summary["ended"] is None
+
+
+HELD_PRELOAD = """
+import os
+os.write(2, b"preload held\\n")
+with open("hold", "rb") as f:  # nobody writes: held until the process is killed
+    f.read()
+"""
+
+
+def test_a_signal_while_the_forkserver_still_imports_stops_at_once(tmp_path: Path) -> None:
+    """The first worker's start waits for the forkserver, which answers only once it has
+    imported the worker modules (held here for good, as a busy machine holds it for seconds).
+    A signal then stops the run within the bound: that wait is not on the event loop."""
+    (tmp_path / "held_preload.py").write_text(HELD_PRELOAD)
+    os.mkfifo(tmp_path / "hold")
+    model = script(tmp_path / "m.json", [{"text": "ok"}])
+    tag = secrets.token_hex(8)
+    args = ["run", "--json", "--grace", "1,1", "--session", str(tmp_path / "s"), "--model", model]
+    proc = subprocess.Popen(
+        [sys.executable, SLOW_START, *args, "go"],
+        cwd=tmp_path,
+        env=env(ANDON_SIGNAL_CASE=tag, PRELOAD="held_preload"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # ends at the held line, or at the process's end
+            seen.append(line)
+            if line.startswith("preload held"):
+                break
+        assert seen and seen[-1].startswith("preload held"), "".join(seen)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=BOUND + 20)  # far above the bound
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert took <= BOUND, f"took {took:.2f}s after the signal"
+    assert json.loads(out.splitlines()[-1])["exit_code"] == 143
+    assert "Traceback" not in err
+    entry = f"ANDON_SIGNAL_CASE={tag}".encode()
+    assert not alive_after(procs.tagged(entry, exclude=(os.getpid(),)), timeout=5.0)

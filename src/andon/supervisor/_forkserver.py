@@ -11,13 +11,15 @@ them, and the workers and call processes are forks of it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import signal as _signal
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import multiprocess
 import multiprocess.context
@@ -121,17 +123,15 @@ class ForkserverLauncher(WorkerLauncher):
             name = f"andon-worker-{worker_id}"
             return _WorkerProcess(target=worker_main, args=(options,), name=name, daemon=True)
 
-        process = process_of()
         _ensure_forkserver(self._hidden)
         try:
-            process.start()
+            process = await _started(process_of)
         except (FileNotFoundError, ConnectionRefusedError):
             # The forkserver's listening socket is gone (multiprocess keeps it in the temporary
             # folder, which a tool's ``rm -rf /tmp/*`` empties): a new forkserver, and once more.
             _log.warning("the workers' forkserver lost its socket; starting a new one")
             _restart_forkserver(self._hidden)
-            process = process_of()
-            process.start()
+            process = await _started(process_of)
         # multiprocess restarts a forkserver that died between the check above and the start
         # (from the environment as it is then, keys and all): the worker is looked at, not
         # trusted, and one that would hold a key never gets a call.
@@ -201,6 +201,57 @@ class ForkserverLauncher(WorkerLauncher):
         if self._cgroups is not None:
             self._cgroups.remove_all()
             self._cgroups = None
+
+
+_START_LOCK: Final = threading.Lock()
+"""One worker start at a time: each swaps a function of ``multiprocess.spawn`` while it runs."""
+
+
+async def _started(process_of: Callable[[], Any]) -> Any:
+    """A new worker process, started off the event loop.
+
+    ``start`` waits until the forkserver has forked the worker, and a forkserver just spawned
+    answers only once it has imported the worker modules: seconds on a busy machine. On the loop,
+    that wait would hold back every signal's handling, and a stop during the pool's start with
+    it. In a thread, the start can be cancelled at once; the pool's close then kills the
+    forkserver (which ends the wait), and a worker that was forked all the same is killed here,
+    as unwanted."""
+    abandoned = threading.Event()
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, _start_process, process_of, abandoned)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        abandoned.set()  # a start still waiting for its turn does not begin
+        future.add_done_callback(_kill_unwanted)
+        raise
+
+
+def _start_process(process_of: Callable[[], Any], abandoned: threading.Event) -> Any:
+    with _START_LOCK:
+        if abandoned.is_set():
+            return None
+        if _forkserver_pid() is None:
+            # Gone since it was started (a pool's close killed it, say). Never from here:
+            # multiprocess would spawn a new one from this thread, with the environment as it is
+            # (keys and all), the stop signals unblocked and no parent-death signal.
+            raise ConnectionRefusedError("the workers' forkserver is not running")
+        process = process_of()
+        process.start()
+        return process
+
+
+def _kill_unwanted(future: asyncio.Future[Any]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return  # nothing was forked (the exception is read: it is not worth a warning)
+    process = future.result()
+    if process is None:
+        return
+    info = procs.stat(process.pid)
+    handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
+    if handle is not None:
+        with handle:
+            procs.signal_group(handle, _signal.SIGKILL)
 
 
 class _WorkerPopen(popen_forkserver.Popen):  # type: ignore[misc]
