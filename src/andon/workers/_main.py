@@ -58,6 +58,7 @@ from andon.workers._containment import (
     cgroup2_root,
     detect_mode,
     set_child_subreaper,
+    set_parent_death_signal,
 )
 from andon.workers._reaper import Reaper
 from andon.workers._registry import ToolRegistry
@@ -106,6 +107,12 @@ class WorkerOptions:
 
 def worker_main(options: WorkerOptions) -> None:
     """Entry point of a worker process (the target the pool starts)."""
+    if options.supervisor_start is not None:
+        # A local worker, the forkserver's child: until it watches the supervisor (its own
+        # set-up takes seconds on a busy machine), it dies with the forkserver, which dies with
+        # the supervisor (andon.supervisor._spawner). Lifted once it watches: a forkserver
+        # replaced later must not take running workers with it.
+        set_parent_death_signal(_signal.SIGKILL)
     if _supervisor_gone_already(options):
         # Killed while this worker was being forked: nothing was started, nothing to say.
         os._exit(0)
@@ -210,6 +217,8 @@ class Worker:
         sock.connect(self.options.endpoint)
         self._sock = sock
         watch_fd = self._watch_supervisor(loop)
+        if self.options.supervisor_start is not None:
+            set_parent_death_signal(0)  # watching now (worker_main)
         self._watch_lifeline(loop)
         if self.options.drain_on_term:
             for sig in (_signal.SIGTERM, _signal.SIGINT):
