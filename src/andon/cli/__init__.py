@@ -28,12 +28,14 @@ import contextlib
 import os
 import signal
 import sys
+import time
 
 from andon.cli import _signals
 
 __all__ = ["main"]
 
 _signals.install_early()
+_STARTED = time.monotonic()
 
 
 def main() -> int:
@@ -59,6 +61,9 @@ def main() -> int:
         with contextlib.suppress(Exception):
             name = signal.Signals(stop.signum).name
             print(f"andon: {name}: stopped before anything started", file=sys.stderr)
+        if _json_run(sys.argv[1:]):
+            with contextlib.suppress(Exception):
+                _early_summary(code)
     _leave(code)
     return code  # not reached
 
@@ -74,3 +79,32 @@ def _leave(code: int) -> None:
         with contextlib.suppress(Exception):  # a closed or broken stream: nothing to save
             stream.flush()
     os._exit(code)
+
+
+def _json_run(argv: list[str]) -> bool:
+    """Whether ``argv`` is ``andon run --json`` or ``andon resume --json``: read by hand, as the
+    parser may not exist yet (the subcommand is the first word that is no option; nothing after
+    ``--`` counts)."""
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    commands = [w for w in words if not w.startswith("-")]
+    return bool(commands) and commands[0] in ("run", "resume") and "--json" in words
+
+
+def _early_summary(code: int) -> None:
+    """The ``run/summary`` of a run stopped before its session existed: a CI step reading
+    ``--json`` gets its last line whatever the moment (no session, nothing ran)."""
+    import json
+
+    summary = {
+        "type": "run/summary",
+        "session": None,
+        "session_id": None,
+        "exit_code": code,
+        "turns": 0,
+        "tool_calls": 0,
+        "duration": round(time.monotonic() - _STARTED, 3),
+        "final_text": None,
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_prompt_tokens": 0},
+        "ended": None,
+    }
+    sys.stdout.write(json.dumps(summary) + "\n")

@@ -4,9 +4,11 @@ the recording handler when it closes.
 
 The ladder: the first signal cancels the turn with its cause (SIGINT: ``user``; SIGTERM, SIGHUP:
 ``disposed``) and the grace timeline runs; a second (or any signal but SIGINT after the first)
-forces the stop, SIGKILL at once; a third SIGINT kills the calls' processes from the log and
-exits at once (the next load repairs the log). The counts live in ``andon.cli._signals.LEDGER``
-for the whole life of the process, so a signal before the loop counts as the first.
+forces the stop, SIGKILL at once; a SIGINT as the third signal kills the calls' processes from
+the log and exits at once, after its ``run/summary`` (the next load repairs the log). Before the
+agent exists (the log opens, the worker pool starts), the first signal cancels the opening at
+once. The counts live in ``andon.cli._signals.LEDGER`` for the whole life of the process, so a
+signal before the loop counts as the first.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from andon.base import Disposed, User
-from andon.cli._output import Output, say
+from andon.cli._output import Output, drain_writers, say
 from andon.cli._signals import LEDGER, record_only
 
 __all__ = ["HoldingLoop", "LoopSignals"]
@@ -36,6 +39,12 @@ class LoopSignals:
     out: Output
     session: Path
     agent: Any = None  # the Agent once it exists
+    # The task opening the agent (the log, the worker pool's start), until the agent exists: a
+    # first signal cancels it at once (the pool takes down what already started) instead of
+    # waiting for the whole start.
+    opening: asyncio.Task[Any] | None = None
+    # Prints ``run/summary`` for an exit code (set by the job): the hard exit prints it too.
+    summarize: Callable[[int], None] | None = None
 
     @property
     def first(self) -> int | None:
@@ -54,6 +63,9 @@ class LoopSignals:
             cause = User() if signum == signal.SIGINT else Disposed()
             if agent is None:
                 say(f"{name}: stopping before the agent started")
+                if self.opening is not None:
+                    # Once only: a second cancel would cut short the clean-up the first began.
+                    self.opening.cancel()
                 return
             self.out.stopping(name, cause.kind)
             agent.cancel(cause)
@@ -61,6 +73,8 @@ class LoopSignals:
             if agent is not None:
                 self.out.forcing(name)
                 agent.cancel(User(), force=True)  # the first cause stays; force kills now
+            else:
+                say(f"{name} again: already stopping (the worker pool's start is taken down)")
         else:
             self.hard_exit()
 
@@ -77,12 +91,23 @@ class LoopSignals:
         with contextlib.suppress(Exception):
             killed = kill_in_flight(read(self.session))
         calls = len(self.out.tracker.in_flight)
+        # What really arrived (TERM, INT, INT is a third signal, not a third SIGINT).
         say(
-            f"SIGINT a third time: killed {killed} process(es) of {calls} tool call(s); exiting now"
+            f"SIGINT as the third signal ({LEDGER.names()}): killed {killed} process(es) of "
+            f"{calls} tool call(s); exiting now"
         )
+        code = 128 + (self.first or signal.SIGINT)
+        # The summary still says how the run ended (a CI step reads it); written at once, the
+        # writers drained within their own bounds (os._exit runs no atexit hook).
+        if self.summarize is not None:
+            with contextlib.suppress(BaseException):
+                self.summarize(code)
+        with contextlib.suppress(Exception):
+            drain_writers()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        os._exit(128 + (self.first or signal.SIGINT))
+            sys.stderr.flush()
+        os._exit(code)
 
 
 class HoldingLoop(asyncio.SelectorEventLoop):

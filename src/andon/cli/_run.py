@@ -4,8 +4,9 @@ Order matters here (docs/ci.md, Timeouts and cancellation): ``main`` handles sig
 instruction (``andon.cli._signals``); the loop's handlers take over as the first thing on the event
 loop, before the log is opened or a worker starts, so that a Ctrl-C at any moment becomes a cancel
 rather than a ``KeyboardInterrupt`` that skips the clean-up; and after the loop the signals stay
-handled (recorded only) until the process exits. A signal that arrives before the agent exists
-means no agent is opened at all: no session folder, nothing started.
+handled (recorded only) until the process exits. A signal that arrives before the loop means no
+agent is opened at all: no session folder, nothing started; one while the agent opens cancels the
+opening at once (the pool takes down what had started), without waiting for the workers' start.
 
 Everything that can be refused as a usage or configuration error (flags,
 settings, the model spec and its key, the script file, the prompt) is checked before the agent
@@ -42,6 +43,7 @@ from andon.cli._output import (
 from andon.cli._prices import cost
 from andon.cli._settings import Settings
 from andon.cli._setup import agent_options
+from andon.cli._signals import LEDGER
 from andon.llm import Model
 
 __all__ = ["RunJob", "exit_code_for", "run_job"]
@@ -111,9 +113,22 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
         _watch(job, out)
     started = time.monotonic()
     outcome = _Outcome()
+
+    def summarize(code: int) -> None:  # the hard exit's summary (andon.cli._ladder)
+        usage = dict(signals.agent.usage) if signals.agent is not None else outcome.usage
+        out.summary(_summary(job, out, outcome, code, started, usage))
+
+    signals.summarize = summarize
     try:
         if signals.first is None:
-            await _drive(job, out, signals, outcome)
+            opening = asyncio.get_running_loop().create_task(_drive(job, out, signals, outcome))
+            signals.opening = opening
+            try:
+                await opening
+            except asyncio.CancelledError:
+                if LEDGER.first is None or not opening.cancelled():
+                    raise  # not the signal's cancel
+                # A signal cancelled the start: what had started is down; the summary follows.
         else:
             # A signal landed before the agent existed: open nothing, start nothing.
             say(f"{signal.Signals(signals.first).name}: stopped before the run started")
@@ -145,6 +160,20 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
     if ended is not None and ended.get("kind") == "error" and not job.json:
         error = ended.get("error") or {}
         say(f"the turn failed: {error.get('code')}: {error.get('message')}")
+    with contextlib.suppress(StdoutClosed):
+        out.summary(_summary(job, out, outcome, code, started, outcome.usage))
+    return code
+
+
+def _summary(
+    job: RunJob,
+    out: Output,
+    outcome: _Outcome,
+    code: int,
+    started: float,
+    usage: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The ``run/summary`` of this run so far, with exit code ``code``."""
     summary: dict[str, Any] = {
         "session": str(job.session),
         "session_id": outcome.session_id or _logged_session_id(job.session),
@@ -153,15 +182,13 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
         "tool_calls": out.tracker.tool_calls,
         "duration": round(time.monotonic() - started, 3),
         "final_text": out.tracker.final_text,
-        "usage": _summary_usage(outcome.usage),
+        "usage": _summary_usage(usage),
     }
-    spent = cost(outcome.usage, job.model.info, job.settings.prices)
+    spent = cost(usage, job.model.info, job.settings.prices)
     if spent is not None:
         summary["cost"] = spent
-    summary["ended"] = ended
-    with contextlib.suppress(StdoutClosed):
-        out.summary(summary)
-    return code
+    summary["ended"] = out.tracker.last_end
+    return summary
 
 
 _SUMMARY_USAGE: Final = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -231,6 +258,7 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
             ),
             hooks=hooks,
         ) as agent:
+            signals.opening = None  # opened: from here a signal stops the agent, not the task
             if out.liveness is not None:
                 out.liveness.ready()
             outcome.session_id = agent.session_id

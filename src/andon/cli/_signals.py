@@ -89,11 +89,18 @@ class Ledger:
         self.early = True  # the early handler raises Stopped (once)
         self.installed = False
         self.handled: tuple[int, ...] = ()  # what andon handles (not what was ignored on entry)
+        self.order: list[int] = []  # the first few, in the order they arrived (for messages)
 
     def record(self, signum: int) -> None:
         self.count += 1
         if self.first is None:
             self.first = signum
+        if len(self.order) < 8:
+            self.order.append(signum)
+
+    def names(self) -> str:
+        """The signals so far, in order: ``SIGTERM, SIGINT, SIGINT``."""
+        return ", ".join(signal.Signals(s).name for s in self.order)
 
 
 LEDGER: Final = Ledger()

@@ -11,13 +11,15 @@ them, and the workers and call processes are forks of it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import signal as _signal
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import multiprocess
 import multiprocess.context
@@ -32,6 +34,7 @@ from andon.supervisor._launch import (
     WorkerLauncher,
     WorkerSpec,
 )
+from andon.supervisor._spawner import STOP_SIGNALS, in_spawner
 from andon.workers import (
     CgroupTree,
     WorkerFault,
@@ -108,6 +111,7 @@ class ForkserverLauncher(WorkerLauncher):
             worker_id=worker_id,
             registry=self._registry,
             supervisor_pid=os.getpid(),
+            supervisor_start=_own_start(),
             containment=self.containment,
             log_path=str(setup.runtime_dir / f"{worker_id}.log"),
             cgroup_base=str(self._cgroups.base) if self._cgroups is not None else None,
@@ -119,17 +123,15 @@ class ForkserverLauncher(WorkerLauncher):
             name = f"andon-worker-{worker_id}"
             return _WorkerProcess(target=worker_main, args=(options,), name=name, daemon=True)
 
-        process = process_of()
         _ensure_forkserver(self._hidden)
         try:
-            process.start()
+            process = await _started(process_of)
         except (FileNotFoundError, ConnectionRefusedError):
             # The forkserver's listening socket is gone (multiprocess keeps it in the temporary
             # folder, which a tool's ``rm -rf /tmp/*`` empties): a new forkserver, and once more.
             _log.warning("the workers' forkserver lost its socket; starting a new one")
             _restart_forkserver(self._hidden)
-            process = process_of()
-            process.start()
+            process = await _started(process_of)
         # multiprocess restarts a forkserver that died between the check above and the start
         # (from the environment as it is then, keys and all): the worker is looked at, not
         # trusted, and one that would hold a key never gets a call.
@@ -201,6 +203,57 @@ class ForkserverLauncher(WorkerLauncher):
             self._cgroups = None
 
 
+_START_LOCK: Final = threading.Lock()
+"""One worker start at a time: each swaps a function of ``multiprocess.spawn`` while it runs."""
+
+
+async def _started(process_of: Callable[[], Any]) -> Any:
+    """A new worker process, started off the event loop.
+
+    ``start`` waits until the forkserver has forked the worker, and a forkserver just spawned
+    answers only once it has imported the worker modules: seconds on a busy machine. On the loop,
+    that wait would hold back every signal's handling, and a stop during the pool's start with
+    it. In a thread, the start can be cancelled at once; the pool's close then kills the
+    forkserver (which ends the wait), and a worker that was forked all the same is killed here,
+    as unwanted."""
+    abandoned = threading.Event()
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, _start_process, process_of, abandoned)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        abandoned.set()  # a start still waiting for its turn does not begin
+        future.add_done_callback(_kill_unwanted)
+        raise
+
+
+def _start_process(process_of: Callable[[], Any], abandoned: threading.Event) -> Any:
+    with _START_LOCK:
+        if abandoned.is_set():
+            return None
+        if _forkserver_pid() is None:
+            # Gone since it was started (a pool's close killed it, say). Never from here:
+            # multiprocess would spawn a new one from this thread, with the environment as it is
+            # (keys and all), the stop signals unblocked and no parent-death signal.
+            raise ConnectionRefusedError("the workers' forkserver is not running")
+        process = process_of()
+        process.start()
+        return process
+
+
+def _kill_unwanted(future: asyncio.Future[Any]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return  # nothing was forked (the exception is read: it is not worth a warning)
+    process = future.result()
+    if process is None:
+        return
+    info = procs.stat(process.pid)
+    handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
+    if handle is not None:
+        with handle:
+            procs.signal_group(handle, _signal.SIGKILL)
+
+
 class _WorkerPopen(popen_forkserver.Popen):  # type: ignore[misc]
     """Starts a worker without re-running the parent's ``__main__`` in it.
 
@@ -250,8 +303,6 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     not hide) cannot be replaced while workers of it live (each holds it open), so this refuses
     with ``WorkerError`` rather than start a worker that holds a key.
     """
-    from multiprocess import forkserver, resource_tracker
-
     _Scrub.names |= hidden
     held = _forkserver_holds(hidden)
     if held:
@@ -259,32 +310,40 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     if _forkserver_pid() is not None:
         return  # running, and clean of every name asked for
     names = (procs.TAG_VAR, *sorted(_Scrub.names))
-    saved = {name: os.environ.get(name) for name in names}
     # The forkserver (and multiprocess's resource tracker, started with it) live in the
     # supervisor's process group, where a CI runner's SIGINT/SIGTERM/SIGHUP to the whole group
     # also lands: one that dies of it (or prints a KeyboardInterrupt while its interpreter
     # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
     # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
-    # once they have their own session (workers/_main.py). What arrives here meanwhile stays
-    # pending and is delivered to the supervisor when the mask is restored.
-    stop_signals = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP}
-    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
+    # once they have their own session (workers/_main.py). They are spawned from a thread of
+    # their own (andon.supervisor._spawner): andon's own signals stay in order, and a kill -9 of
+    # andon takes both down with it.
+    saved = {name: os.environ.get(name) for name in names}
     try:
         for name in _Scrub.names:
             os.environ.pop(name, None)
         os.environ[procs.TAG_VAR] = procs.TAG_SLOT
-        # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them
-        # on its way out; started first, on its own, it cannot unblock them under the forkserver.
-        resource_tracker.ensure_running()
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, stop_signals)
-        forkserver.ensure_running()
+        in_spawner(_spawn_helpers)
     finally:
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _spawn_helpers() -> None:
+    """On the spawner thread (``andon.supervisor._spawner``: the stop signals blocked there only,
+    and the helpers die with it, that is with this process)."""
+    from multiprocess import forkserver, resource_tracker
+
+    if _SpawnWindow.hook is not None:
+        _SpawnWindow.hook()
+    # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them on
+    # its way out; started first, on its own, it cannot unblock them under the forkserver.
+    resource_tracker.ensure_running()
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, STOP_SIGNALS)
+    forkserver.ensure_running()
 
 
 def _restart_forkserver(hidden: frozenset[str]) -> None:
@@ -304,6 +363,19 @@ def _restart_forkserver(hidden: frozenset[str]) -> None:
     server._forkserver_pid = None
     server._forkserver_address = None
     _ensure_forkserver(hidden)
+
+
+def _own_start() -> int | None:
+    """This process's start time (clock ticks since boot), for the workers' watch of it."""
+    info = procs.stat(os.getpid())
+    return info.start if info is not None else None
+
+
+class _SpawnWindow:
+    """Tests only: ``hook`` runs inside the spawn window, with the stop signals blocked, to hold
+    it open while a test signals (tests/cli/slow_start.py)."""
+
+    hook: ClassVar[Callable[[], None] | None] = None
 
 
 class _Scrub:

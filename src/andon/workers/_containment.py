@@ -26,6 +26,7 @@ __all__ = [
     "cgroup2_root",
     "detect_mode",
     "set_child_subreaper",
+    "set_parent_death_signal",
 ]
 
 
@@ -37,6 +38,18 @@ def set_child_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(signum: int) -> bool:
+    """Have the kernel send ``signum`` to this process when its parent ends (0: no longer)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 

@@ -32,7 +32,7 @@ from typing import Literal, TypeAlias
 import zmq
 import zmq.asyncio
 
-from andon.base import CancelStage, Containment, ContainmentSetting, ProtocolError
+from andon.base import CancelStage, Containment, ContainmentSetting, ProtocolError, procs
 from andon.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -58,17 +58,20 @@ from andon.workers._containment import (
     cgroup2_root,
     detect_mode,
     set_child_subreaper,
+    set_parent_death_signal,
 )
 from andon.workers._reaper import Reaper
 from andon.workers._registry import ToolRegistry
 
 __all__ = ["WorkerFault", "WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
 
-WorkerFault: TypeAlias = Literal["garbage-after-started", "error-before-result"]
+WorkerFault: TypeAlias = Literal["garbage-after-started", "error-before-result", "no-hello"]
 """A protocol fault a test asks every worker of a pool to commit, as a buggy or hostile worker
 would: ``garbage-after-started``, frames that are no message right after ``started``;
 ``error-before-result``, an ``error`` about the call sent right before its ``result`` (the
-supervisor must take the call as lost, not believe the result that follows)."""
+supervisor must take the call as lost, not believe the result that follows); ``no-hello``, a
+worker that connects and never says hello, as one on a machine too busy to start it in time
+would (the pool's start lasts until its deadline, or until it is stopped)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class WorkerOptions:
     worker_id: str
     registry: ToolRegistry
     supervisor_pid: int | None = None  # local workers watch it with a pidfd
+    # Its start time (clock ticks since boot): a supervisor killed while this worker started may
+    # have its pid reused by then, and a stranger must not be taken for it.
+    supervisor_start: int | None = None
     containment: ContainmentSetting = "auto"
     log_path: str | None = None
     cgroup_base: str | None = None  # the pool's own cgroup tree (cgroup mode)
@@ -101,6 +107,15 @@ class WorkerOptions:
 
 def worker_main(options: WorkerOptions) -> None:
     """Entry point of a worker process (the target the pool starts)."""
+    if options.supervisor_start is not None:
+        # A local worker, the forkserver's child: until it watches the supervisor (its own
+        # set-up takes seconds on a busy machine), it dies with the forkserver, which dies with
+        # the supervisor (andon.supervisor._spawner). Lifted once it watches: a forkserver
+        # replaced later must not take running workers with it.
+        set_parent_death_signal(_signal.SIGKILL)
+    if _supervisor_gone_already(options):
+        # Killed while this worker was being forked: nothing was started, nothing to say.
+        os._exit(0)
     if options.detach:
         _detach(options.log_path)
     mode = detect_mode(options.containment)
@@ -111,6 +126,21 @@ def worker_main(options: WorkerOptions) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _supervisor_gone_already(options: WorkerOptions) -> bool:
+    """Whether the supervisor named by pid and start time is no longer running: checked first
+    thing, before the worker's own set-up (which takes seconds on a busy machine)."""
+    if options.supervisor_pid is None or options.supervisor_start is None:
+        return False
+    key = procs.ProcessKey(options.supervisor_pid, options.supervisor_start)
+    handle = procs.Pidfd.open(key, zombie_ok=True)
+    if handle is None:
+        return True
+    try:
+        return handle.exited()
+    finally:
+        handle.close()
 
 
 def leave_session_and_reset_signals() -> None:
@@ -187,11 +217,16 @@ class Worker:
         sock.connect(self.options.endpoint)
         self._sock = sock
         watch_fd = self._watch_supervisor(loop)
+        if self.options.supervisor_start is not None:
+            set_parent_death_signal(0)  # watching now (worker_main)
         self._watch_lifeline(loop)
         if self.options.drain_on_term:
             for sig in (_signal.SIGTERM, _signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_stop_signal)
         try:
+            if self.options.fault == "no-hello":
+                # Until the pool kills it, or the supervisor is gone (the watch above).
+                await asyncio.Event().wait()
             await self.send(
                 Hello(
                     protocol=PROTOCOL_VERSION,
@@ -256,11 +291,20 @@ class Worker:
         pid = self.options.supervisor_pid
         if pid is None:
             return None
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._supervisor_gone()
-            return None
+        start = self.options.supervisor_start
+        if start is not None:
+            # Its pid and start time: a reused pid is not our supervisor, who is then gone.
+            handle = procs.Pidfd.open(procs.ProcessKey(pid, start), zombie_ok=True)
+            if handle is None:
+                self._supervisor_gone()
+                return None
+            fd = handle.fd
+        else:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._supervisor_gone()
+                return None
         loop.add_reader(fd, self._supervisor_gone)
         return fd
 

@@ -1,0 +1,71 @@
+"""``andon`` whose local workers never say hello (``WorkerFault`` ``no-hello``): a pool start
+that lasts until it is stopped, or until the start deadline. Run as ``python slow_start.py ARGS``
+in place of ``andon ARGS`` by the start-up signal tests.
+
+With ``HOLD_SPAWN=FIFO`` in its environment, the forkserver's spawn window (the stop signals
+blocked where the forkserver is spawned) is held open: it says ``spawn window held`` on stderr,
+then waits until a writer opens ``FIFO`` and closes it. With ``PRELOAD=MODULE``, the forkserver
+imports ``MODULE`` first (from its working directory, this process's), before andon's own modules.
+
+The command's own entry module is imported first, so the signal handlers are in place exactly as
+in ``andon``; the fault is set where the CLI builds its pool options. A signal while this module
+patches is a stop before anything started, as in ``andon`` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any
+
+import andon.cli
+from andon.cli import _signals
+
+HOLD_VAR = "HOLD_SPAWN"
+PRELOAD_VAR = "PRELOAD"
+
+
+def _patch() -> None:
+    from andon.cli import _run, _setup
+
+    options = _setup.agent_options
+
+    def with_fault(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out = options(*args, **kwargs)
+        out["pool"] = dataclasses.replace(out["pool"], worker_fault="no-hello")
+        return out
+
+    setattr(_run, "agent_options", with_fault)  # noqa: B010 (what _run calls, not exported)
+    fifo = os.environ.get(HOLD_VAR)
+    if fifo:
+        from andon.supervisor import _forkserver
+
+        def hold() -> None:
+            os.write(2, b"spawn window held\n")
+            with open(fifo, "rb") as f:
+                f.read()
+
+        _forkserver._SpawnWindow.hook = hold
+    preload = os.environ.get(PRELOAD_VAR)
+    if preload:
+        from andon.supervisor import _forkserver
+
+        _forkserver._PRELOAD = [preload, *_forkserver._PRELOAD]
+
+
+if __name__ == "__main__":
+    try:
+        _patch()
+    except BaseException as e:
+        stop = _signals.stopped_in(e)
+        if stop is None:
+            raise
+        # What andon's own entry does for a stop before anything started.
+        code = 128 + stop.signum
+        print("andon: stopped before anything started", file=sys.stderr, flush=True)
+        if andon.cli._json_run(sys.argv[1:]):
+            andon.cli._early_summary(code)
+        sys.stdout.flush()
+        os._exit(code)
+    andon.cli.main()
