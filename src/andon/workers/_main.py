@@ -132,9 +132,13 @@ def _detach(log_path: str | None) -> None:
     leave_session_and_reset_signals()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
-    log_fd = (
-        os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else devnull
-    )
+    log_fd = devnull
+    if log_path:
+        # A log that cannot be opened (its folder deleted under the pool) costs the log, not
+        # the worker: a worker that died of it would print a traceback on the supervisor's
+        # stderr, and the pool would start another that dies alike.
+        with contextlib.suppress(OSError):
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     if log_fd != devnull:
