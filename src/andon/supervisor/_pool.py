@@ -593,7 +593,9 @@ class WorkerPool:
 
     def statistics(self) -> PoolStatistics:
         """The pool's counters now (a copy: it does not change afterwards)."""
-        return PoolStatistics(self.workers, self._spoofed, tuple(self._error_replies))
+        return PoolStatistics(
+            self.workers, self._spoofed, tuple(self._error_replies), self._start_failures
+        )
 
     def _tell(self, call: Callable[[], None]) -> None:
         # The observer is the caller's code: what it raises is logged, never the pool's failure.
@@ -721,7 +723,12 @@ class WorkerPool:
         self._unreported += 1
         self._last_start_error = _error_text(error)
         now = self._clock.monotonic()
-        if self._warned_at is None or now - self._warned_at >= START_WARNING_INTERVAL:
+        if self._first is not None and not self._first.done():
+            # The pool's own start: its success is the news, or its error tells the whole story
+            # (NoWorkerStarted says how many starts failed and the last reason).
+            _log.info("a tool worker did not start: %s", self._last_start_error)
+            self._unreported = 0
+        elif self._warned_at is None or now - self._warned_at >= START_WARNING_INTERVAL:
             more = f" (and {self._unreported - 1} more)" if self._unreported > 1 else ""
             _log.warning("a tool worker did not start%s: %s", more, self._last_start_error)
             self._warned_at = now
@@ -751,8 +758,9 @@ class WorkerPool:
 
     def _give_up(self) -> None:
         if self._stopping is None:
+            n = self._start_failures
             reason = (
-                f"no tool worker could be started ({self._start_failures} failed starts; "
+                f"no tool worker could be started ({n} failed start{'s' if n != 1 else ''}; "
                 f"the last: {self._last_start_error})"
             )
             self._stop_taking_work(reason)  # the calls' results and start()'s error say it

@@ -64,11 +64,15 @@ from andon.workers._registry import ToolRegistry
 
 __all__ = ["WorkerFault", "WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
 
-WorkerFault: TypeAlias = Literal["garbage-after-started", "error-before-result"]
+WorkerFault: TypeAlias = Literal[
+    "garbage-after-started", "error-before-result", "no-hello", "exit-before-hello"
+]
 """A protocol fault a test asks every worker of a pool to commit, as a buggy or hostile worker
 would: ``garbage-after-started``, frames that are no message right after ``started``;
 ``error-before-result``, an ``error`` about the call sent right before its ``result`` (the
-supervisor must take the call as lost, not believe the result that follows)."""
+supervisor must take the call as lost, not believe the result that follows); ``no-hello``, never
+a hello (a start that misses its deadline, as on a machine too busy to run it);
+``exit-before-hello``, exit 1 before the hello (a start that fails at once)."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,10 @@ class Worker:
         if self.options.drain_on_term:
             for sig in (_signal.SIGTERM, _signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_stop_signal)
+        if self.options.fault == "exit-before-hello":
+            os._exit(1)
+        if self.options.fault == "no-hello":
+            await asyncio.Event().wait()  # until the pool kills it at its start deadline
         try:
             await self.send(
                 Hello(
