@@ -167,7 +167,7 @@ async def test_a_pod_deleted_during_its_start_is_said_and_its_start_retried(
     # The Pod exists but cannot start before its Secret does: it is deleted by someone else
     # right then. That attempt ends with the reason (no wait for a hello that cannot come), and
     # the start is tried again with a new Pod (docs/workers.md, Starting workers).
-    caplog.set_level("WARNING", logger="andon.pool")
+    caplog.set_level("INFO", logger="andon.pool")  # during the pool's own start: info
     hold = cluster.hold("POST", "secrets")
     pool = _pool(launcher_for(cluster))
     starting = asyncio.create_task(pool.start())

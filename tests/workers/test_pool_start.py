@@ -117,6 +117,16 @@ async def test_start_returns_with_one_worker_and_the_rest_start_in_the_backgroun
     assert all(w.has_exited() for w in launcher.started)
 
 
+async def test_wait_started_returns_once_every_worker_is_warm() -> None:
+    config = WorkerPoolConfig(size=3, containment="subreaper")
+    async with WorkerPool(config, default()) as pool:
+        await asyncio.wait_for(pool.wait_started(), 60)
+        assert len(pool.workers) == 3 and all(pool.workers.values())
+        leases = [await asyncio.wait_for(pool.acquire(), 10) for _ in range(3)]
+        for lease in leases:
+            lease.release()
+
+
 async def test_a_pool_whose_starts_all_fail_gives_up_after_bounded_attempts() -> None:
     clock = ManualClock()
     launcher = FaultyLauncher([], then="no-hello")

@@ -325,6 +325,7 @@ class WorkerPool:
         self._first: asyncio.Future[None] | None = None  # resolved: a worker is ready, or no more
         self._rest_to_start = 0
         self._starting = 0  # start tasks running (each tries one worker, START_ATTEMPTS times)
+        self._settled = asyncio.Event()  # no start under way or due (wait_started)
         self._failing_since: float | None = None  # the first failed start with no worker ready
         self._start_failures = 0  # failed starts (attempts) over the pool's life
         self._unreported = 0  # failed starts not yet in a warning line
@@ -354,6 +355,12 @@ class WorkerPool:
         except BaseException:
             await self.aclose()
             raise
+
+    async def wait_started(self) -> None:
+        """Wait until no worker's start is under way: each has said hello or was given up on.
+        ``start()`` returns with one worker ready; a benchmark that wants every worker warm
+        first waits for this too."""
+        await self._settled.wait()
 
     @property
     def endpoint(self) -> str:
@@ -539,6 +546,7 @@ class WorkerPool:
         self._wake()
         if self._first is not None and not self._first.done():
             self._first.set_result(None)  # start() stops waiting for a worker
+        self._settled.set()  # no start is due any more
 
     def _wake(self) -> None:
         for waiter in list(self._waiters):
@@ -679,6 +687,7 @@ class WorkerPool:
         if self._stopping is not None or self._tg is None:
             return
         self._starting += 1
+        self._settled.clear()
         self._spawn_task(self._start_with_retries)
 
     async def _start_with_retries(self) -> None:
@@ -702,6 +711,8 @@ class WorkerPool:
                         return
         finally:
             self._starting -= 1
+            if self._starting == 0 and self._rest_to_start == 0:
+                self._settled.set()
             self._check_starts()
 
     def _started_one(self) -> None:
