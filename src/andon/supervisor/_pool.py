@@ -87,8 +87,8 @@ POOL_CLOSED = "the worker pool was closed"
 """Why a closed pool's calls end: the reason of their ``WorkerGone``, and of ``acquire``'s error."""
 
 DEFAULT_START_TIMEOUT = 60.0
-"""The default hello deadline of one worker's start: 50 ``andon run`` started at once on 2 cores
-took up to ~25 s for their first hello (docs/ci.md, Start-up under load); twice that leaves room
+"""The default hello deadline of one worker's start: with 50 ``andon run`` started at once on 2
+cores the slowest hello took 33 s (docs/ci.md, Start-up under load); about twice that leaves room
 for a busier runner, and a start that misses it is retried anyway."""
 
 START_ATTEMPTS = 3
