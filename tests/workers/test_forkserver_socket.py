@@ -64,5 +64,5 @@ async def test_when_no_worker_can_start_a_waiting_call_is_answered(
         _forkserver_socket().unlink()
         monkeypatch.setattr(_forkserver, "_restart_forkserver", cannot)
         await _lose_the_worker(pool, executor)
-        with pytest.raises(WorkerError, match="no worker could be started"):
+        with pytest.raises(WorkerError, match="no tool worker could be started"):
             await asyncio.wait_for(pool.acquire(), 30)

@@ -10,7 +10,8 @@ needs (``session``, ``seq``, ``call_id``, ``code`` ...) as attributes, not only 
     │   ├── VersionMismatch           another protocol version
     │   └── UnknownMessage            a message type this side does not know
     ├── WorkerError                   a worker misbehaved (carries .worker)
-    │   └── WorkerLost                it died or stopped answering (carries .call_id)
+    │   ├── WorkerLost                it died or stopped answering (carries .call_id)
+    │   └── NoWorkerStarted           a pool could not start any worker (CLI exit code 6)
     ├── SessionError                  the session folder or its log (carries .session)
     │   ├── LogCorrupted              a bad line followed by good ones (.line, .offset)
     │   ├── LogFormatUnsupported      an unknown record type or format (.seq, .record_type)
@@ -48,6 +49,7 @@ __all__ = [
     "MalformedFrame",
     "MessageTooLarge",
     "ModelError",
+    "NoWorkerStarted",
     "ProtocolError",
     "ScriptInvalid",
     "SessionError",
@@ -123,6 +125,11 @@ class WorkerLost(WorkerError):
     ) -> None:
         super().__init__(message, worker=worker)
         self.call_id = call_id
+
+
+class NoWorkerStarted(WorkerError):
+    """A worker pool could not start any worker: its start gave up after bounded retries
+    (docs/workers.md, Starting workers). ``andon run`` exits 6."""
 
 
 # --- session ----------------------------------------------------------------------------------

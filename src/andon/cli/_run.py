@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon.base import Disposed
+from andon.base import Disposed, NoWorkerStarted
 from andon.cli._ladder import HoldingLoop, LoopSignals
 from andon.cli._output import (
     JsonOutput,
@@ -54,6 +54,7 @@ EXIT_USAGE: Final = 2
 EXIT_BLOCKED: Final = 3
 EXIT_MAX_TOKENS: Final = 4
 EXIT_HOOK: Final = 5
+EXIT_NO_WORKER: Final = 6  # no tool worker could be started (docs/ci.md, Exit codes)
 EXIT_EPIPE: Final = 128 + signal.SIGPIPE
 
 
@@ -133,11 +134,16 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
             # A signal landed before the agent existed: open nothing, start nothing.
             say(f"{signal.Signals(signals.first).name}: stopped before the run started")
     except BaseException as e:
-        if signals.first is None or isinstance(e, KeyboardInterrupt | SystemExit):
+        no_worker = _no_worker(e) if signals.first is None else None
+        if no_worker is not None:
+            # The pool gave up starting workers (bounded retries): one line, the summary, exit 6.
+            outcome.failure, outcome.no_worker = str(no_worker), True
+        elif signals.first is None or isinstance(e, KeyboardInterrupt | SystemExit):
             raise
-        # After a signal, whatever broke on the way down is reported in one line: the signal
-        # decides the exit code (a pool start cut short, say).
-        say(f"stopping after {signal.Signals(signals.first).name}: {_describe(e)}")
+        else:
+            # After a signal, whatever broke on the way down is reported in one line: the
+            # signal decides the exit code (a pool start cut short, say).
+            say(f"stopping after {signal.Signals(signals.first).name}: {_describe(e)}")
     finally:
         if out.liveness is not None:
             out.liveness.close()
@@ -152,6 +158,8 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
         code = 128 + signals.first
     elif out.closed:
         code = EXIT_EPIPE
+    elif outcome.no_worker:
+        code = EXIT_NO_WORKER
     elif failure is not None:
         code = EXIT_FAILED
     else:
@@ -188,6 +196,8 @@ def _summary(
     if spent is not None:
         summary["cost"] = spent
     summary["ended"] = out.tracker.last_end
+    if outcome.failure is not None:
+        summary["failure"] = outcome.failure
     return summary
 
 
@@ -233,6 +243,19 @@ class _Outcome:
         default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0}
     )
     session_id: str | None = None  # of the agent that opened (its session/start)
+    no_worker: bool = False  # the pool could not start any tool worker (exit 6)
+
+
+def _no_worker(error: BaseException) -> NoWorkerStarted | None:
+    """The pool's start failure, inside whatever task groups wrap it."""
+    if isinstance(error, NoWorkerStarted):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _no_worker(inner)
+            if found is not None:
+                return found
+    return None
 
 
 async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outcome) -> None:

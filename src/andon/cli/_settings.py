@@ -46,6 +46,7 @@ class Settings:
     workers: int = 4
     grace: GracePolicy = field(default_factory=GracePolicy)
     tool_timeout: float | None = None
+    worker_start_timeout: float | None = None  # None: the pool's default
     turn_budget: float | None = None
     max_steps: int | None = None
     pass_env: tuple[str, ...] = ()
@@ -147,6 +148,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "workers": _workers,
     "grace": _grace,
     "tool_timeout": _positive_float("tool-timeout"),
+    "worker_start_timeout": _positive_float("worker-start-timeout"),
     "turn_budget": _positive_float("turn-budget"),
     "max_steps": _positive_int("max-steps"),
     "pass_env": _names,
@@ -289,6 +291,11 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         "--tool-timeout",
         metavar="S",
         help="default timeout of every tool call, bash included; raises bash's cap to at least S",
+    )
+    p.add_argument(
+        "--worker-start-timeout",
+        metavar="SECONDS",
+        help="how long one tool worker may take to start before it is tried again (default 60)",
     )
     if job:
         p.add_argument(

@@ -39,7 +39,11 @@ def agent_options(
     return {
         "model": model,
         "cwd": cwd,
-        "pool": andon.WorkerPoolConfig(size=settings.workers, runtime_dir=runtime_root()),
+        "pool": andon.WorkerPoolConfig(
+            size=settings.workers,
+            runtime_dir=runtime_root(),
+            start_timeout=settings.worker_start_timeout or andon.WorkerPoolConfig.start_timeout,
+        ),
         "grace": settings.grace,
         "system_prompt": system_prompt,
         "tool_timeout": settings.tool_timeout,

@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -44,9 +45,12 @@ import zmq.asyncio
 
 from andon.base import (
     AbortSignal,
+    Clock,
     ConfigError,
     ContainmentSetting,
+    NoWorkerStarted,
     ProtocolError,
+    SystemClock,
     WorkerError,
     clean_text,
     procs,
@@ -82,6 +86,22 @@ _log = logging.getLogger("andon.pool")
 
 POOL_CLOSED = "the worker pool was closed"
 """Why a closed pool's calls end: the reason of their ``WorkerGone``, and of ``acquire``'s error."""
+
+DEFAULT_START_TIMEOUT = 60.0
+"""The default hello deadline of one worker's start: with 50 ``andon run`` started at once on 2
+cores the slowest hello took 33 s (docs/ci.md, Start-up under load); about twice that leaves room
+for a busier runner, and a start that misses it is retried anyway."""
+
+START_ATTEMPTS = 3
+"""How many times one worker's start is tried (a missed hello deadline, a worker that exited while
+it started, a launcher's OSError) before that worker is given up on."""
+
+START_BACKOFF = (1.0, 2.0)
+"""The pauses before the second and the third attempt, in seconds."""
+
+START_WARNING_INTERVAL = 10.0
+"""A failed start is one warning line, and at most one such line in this many seconds (the rest
+are counted into the next): a pool that cannot start workers must not flood stderr."""
 
 HEARTBEAT_MISSES = 3
 """A worker (or a supervisor, seen from a worker) is lost after this many heartbeat intervals of
@@ -121,7 +141,9 @@ class TcpListen:
 class WorkerPoolConfig:
     size: int = 4
     containment: ContainmentSetting = "auto"  # local workers (the default launcher)
-    start_timeout: float = 20.0  # hello deadline for one worker (generous: CI machines are slow)
+    # The hello deadline of one worker's start (docs/workers.md, Starting workers). A missed one
+    # is retried; a pool with no worker that keeps failing gives up after about this long.
+    start_timeout: float = DEFAULT_START_TIMEOUT
     # How long closing waits for a worker to exit after ``shutdown`` before it kills it (a worker
     # stops its call with SIGKILL first, so this is only for one that does not answer at all:
     # stopped, swapped out, wedged).
@@ -137,6 +159,8 @@ class WorkerPoolConfig:
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError("a worker pool needs at least one worker")
+        if not self.start_timeout > 0:
+            raise ValueError("start_timeout must be a number of seconds, above 0")
         if not self.stop_timeout >= 0:
             raise ValueError("stop_timeout must be a number of seconds, at least 0")
         if not self.heartbeat_interval > 0:
@@ -171,6 +195,11 @@ class _Worker:
     ended: bool = False  # its end was handled (answered, replaced); a later exit only frees it
     heard: float = 0.0  # time.monotonic() of its last message (heartbeat deadline)
     hello_pid: int = 0
+
+    @property
+    def welcomed(self) -> bool:
+        """It said hello and was accepted (its start succeeded)."""
+        return self.ready.done() and not self.ready.cancelled() and self.ready.exception() is None
 
     @property
     def pid(self) -> int:
@@ -252,8 +281,10 @@ class WorkerPool:
         hide_env: Iterable[str] = (),
         launcher: WorkerLauncher | None = None,
         observer: PoolObserver | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.config = config
+        self._clock: Clock = clock or SystemClock()  # hello deadlines and start back-off
         self._observer = observer or PoolObserver()
         self.registry = registry
         # The variables no worker of this pool may hold (it may only grow: see hide_env()).
@@ -290,6 +321,17 @@ class WorkerPool:
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._error_replies: list[tuple[str, str]] = []  # error answers outside any call
+        # Starting workers (docs/workers.md, Starting workers): start() waits for the first
+        # worker only; the others start once it is ready (or its first attempt failed).
+        self._first: asyncio.Future[None] | None = None  # resolved: a worker is ready, or no more
+        self._rest_to_start = 0
+        self._starting = 0  # start tasks running (each tries one worker, START_ATTEMPTS times)
+        self._settled = asyncio.Event()  # no start under way or due (wait_started)
+        self._failing_since: float | None = None  # the first failed start with no worker ready
+        self._start_failures = 0  # failed starts (attempts) over the pool's life
+        self._unreported = 0  # failed starts not yet in a warning line
+        self._warned_at: float | None = None
+        self._last_start_error = ""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -314,6 +356,12 @@ class WorkerPool:
         except BaseException:
             await self.aclose()
             raise
+
+    async def wait_started(self) -> None:
+        """Wait until no worker's start is under way: each has said hello or was given up on.
+        ``start()`` returns with one worker ready; a benchmark that wants every worker warm
+        first waits for this too."""
+        await self._settled.wait()
 
     @property
     def endpoint(self) -> str:
@@ -362,15 +410,15 @@ class WorkerPool:
         self._spawn_task(self._receive)
         if self.launcher.heartbeats:
             self._spawn_task(self._heartbeats)
-        # A task group, not gather, so no wait runs on after a failed start. Its children report
-        # a failure rather than raise it: on Python 3.11 a child failing while the group exits
-        # leaves the waiting task's cancel count raised for good (fixed in 3.12).
-        async with asyncio.TaskGroup() as tg:
-            waits = [tg.create_task(_error_of(self._start_one)) for _ in range(self.config.size)]
-        for wait in waits:
-            error = wait.result()
-            if error is not None:
-                raise error  # the first worker that did not start
+        # One worker first, alone: on a loaded machine its hello is not slowed by its siblings'
+        # starts. The rest start once it is ready or its first attempt failed (_started_one),
+        # in the background: the first step needs one worker, not all of them.
+        self._first = asyncio.get_running_loop().create_future()
+        self._rest_to_start = self.config.size - 1
+        self._start_worker()
+        await self._first
+        if not any(w.welcomed and not w.dead for w in self._workers.values()):
+            raise NoWorkerStarted(self._stopping or "no tool worker could be started")
 
     async def _bind_tcp(self, sock: zmq.asyncio.Socket) -> str:
         tcp = self.config.tcp
@@ -394,9 +442,6 @@ class WorkerPool:
     def _on_refused(self, reason: str) -> None:
         _log.warning("a worker was refused at the handshake: %s", reason)
         self._tell(lambda: self._observer.on_refused(reason))
-
-    async def _start_one(self) -> None:
-        await self._await_ready(await self._spawn())
 
     async def aclose(self) -> None:
         """Stop every worker and leave no process behind (workers, and what the launcher runs).
@@ -500,6 +545,9 @@ class WorkerPool:
         if self._stopping is None:
             self._stopping = reason
         self._wake()
+        if self._first is not None and not self._first.done():
+            self._first.set_result(None)  # start() stops waiting for a worker
+        self._settled.set()  # no start is due any more
 
     def _wake(self) -> None:
         for waiter in list(self._waiters):
@@ -554,7 +602,9 @@ class WorkerPool:
 
     def statistics(self) -> PoolStatistics:
         """The pool's counters now (a copy: it does not change afterwards)."""
-        return PoolStatistics(self.workers, self._spoofed, tuple(self._error_replies))
+        return PoolStatistics(
+            self.workers, self._spoofed, tuple(self._error_replies), self._start_failures
+        )
 
     def _tell(self, call: Callable[[], None]) -> None:
         # The observer is the caller's code: what it raises is logged, never the pool's failure.
@@ -571,6 +621,7 @@ class WorkerPool:
     # -- workers ---------------------------------------------------------------------------
 
     async def _spawn(self) -> _Worker:
+        self._remake_runtime()
         self._counter += 1
         worker_id = f"w{self._counter}"
         worker = _Worker(worker_id=worker_id)
@@ -606,32 +657,151 @@ class WorkerPool:
         return worker
 
     async def _await_ready(self, worker: _Worker) -> None:
+        """Wait for ``worker``'s hello until the start deadline (on the pool's clock); raises
+        ``WorkerError`` if it missed it (then it is killed), exited or was refused."""
+        waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        worker.ready.add_done_callback(_resolver(waited))
+        deadline = self._clock.monotonic() + self.config.start_timeout
+        timer = self._clock.call_at(deadline, lambda: _resolve(waited))
         try:
-            await asyncio.wait_for(asyncio.shield(worker.ready), self.config.start_timeout)
-        except TimeoutError:
+            await waited
+        finally:
+            timer.cancel()
+        if not worker.ready.done():
+            worker.killed_on_purpose = True  # said once, by the start's failure (_start_failed)
             self._kill(worker, "no hello before the start deadline")
-            raise WorkerError(
+            raise _StartFailed(
                 f"worker {worker.worker_id} did not say hello within "
                 f"{self.config.start_timeout:g}s",
                 worker=worker.worker_id,
-            ) from None
+            )
+        worker.ready.result()  # its exit during the start, or its refusal
+        self._failing_since = None
+        if worker.dead:
+            return  # it died right after its hello: its exit started a replacement
         self._idle.append(worker)
         self._wake()
+        self._started_one()
 
-    async def _replace(self) -> None:
-        if self._stopping is not None:
+    def _start_worker(self) -> None:
+        """Start one worker in the background, with retries (it is the pool's own task)."""
+        if self._stopping is not None or self._tg is None:
+            return
+        self._starting += 1
+        self._settled.clear()
+        self._spawn_task(self._start_with_retries)
+
+    async def _start_with_retries(self) -> None:
+        """Start one worker: up to START_ATTEMPTS tries, with back-off between them. Every
+        failure is counted (_start_failed); a pool with no worker that keeps failing gives up,
+        so that a call waiting for a worker is answered instead of waiting for ever."""
+        try:
+            for attempt in range(START_ATTEMPTS):
+                if attempt:
+                    pause = START_BACKOFF[min(attempt - 1, len(START_BACKOFF) - 1)]
+                    await self._clock.sleep(pause)  # sleep-ok: back-off between start attempts
+                if self._stopping is not None:
+                    return
+                try:
+                    await self._await_ready(await self._spawn())
+                    return
+                except Exception as e:
+                    final = not _retried(e) or attempt == START_ATTEMPTS - 1
+                    self._start_failed(e, final=final)
+                    if final:
+                        return
+        finally:
+            self._starting -= 1
+            if self._starting == 0 and self._rest_to_start == 0:
+                self._settled.set()
+            self._check_starts()
+
+    def _started_one(self) -> None:
+        """The first worker is ready, or its first attempt failed: start the rest."""
+        rest, self._rest_to_start = self._rest_to_start, 0
+        for _ in range(rest):
+            self._start_worker()
+        if self._first is not None and not self._first.done() and self._has_ready_worker():
+            self._first.set_result(None)
+
+    def _has_ready_worker(self) -> bool:
+        return any(w.welcomed and not w.dead for w in self._workers.values())
+
+    def _start_failed(self, error: Exception, *, final: bool) -> None:
+        """One failed start: a warning line (at most one per START_WARNING_INTERVAL, the rest
+        counted into it), and, with no worker ready for longer than the start deadline, the pool
+        gives up (_check_starts)."""
+        self._start_failures += 1
+        self._unreported += 1
+        self._last_start_error = _error_text(error)
+        now = self._clock.monotonic()
+        if self._first is not None and not self._first.done():
+            # The pool's own start: its success is the news, or its error tells the whole story
+            # (NoWorkerStarted says how many starts failed and the last reason).
+            _log.info("a tool worker did not start: %s", self._last_start_error)
+            self._unreported = 0
+        elif self._warned_at is None or now - self._warned_at >= START_WARNING_INTERVAL:
+            more = f" (and {self._unreported - 1} more)" if self._unreported > 1 else ""
+            _log.warning("a tool worker did not start%s: %s", more, self._last_start_error)
+            self._warned_at = now
+            self._unreported = 0
+        if not self._has_ready_worker():
+            if self._failing_since is None:
+                self._failing_since = now
+            if final and not _retried(error):
+                # Not a thing a retry changes (a refusal, a bad setting): every start would
+                # fail alike, so a pool with no worker stops now.
+                self._give_up()
+        self._started_one()
+        self._check_starts()
+
+    def _check_starts(self) -> None:
+        """A pool with no worker ready gives up once no start is under way any more, or once
+        its starts have failed for longer than the start deadline: every call waiting for a
+        worker gets ``WorkerError`` (``WORKER_LOST``), and so does every later one."""
+        if self._stopping is not None or self._has_ready_worker():
+            return
+        since = self._failing_since
+        timed_out = (
+            since is not None and self._clock.monotonic() - since >= self.config.start_timeout
+        )
+        if timed_out or (self._starting == 0 and self._rest_to_start == 0 and since is not None):
+            self._give_up()
+
+    def _give_up(self) -> None:
+        if self._stopping is None:
+            n = self._start_failures
+            reason = (
+                f"no tool worker could be started ({n} failed start{'s' if n != 1 else ''}; "
+                f"the last: {self._last_start_error})"
+            )
+            self._stop_taking_work(reason)  # the calls' results and start()'s error say it
+
+    def _remake_runtime(self) -> None:
+        """Re-make the pool's private folder, and its socket in it, if something deleted them
+        (a tool's ``rm -rf "$XDG_RUNTIME_DIR"``): a new worker opens its log there and connects
+        to the socket. The same path, made afresh with mode 0700; a folder that is there but not
+        this user's own private one is refused, never used."""
+        runtime = self._runtime
+        if runtime is None:
             return
         try:
-            worker = await self._spawn()
-        except Exception as e:
-            # No replacement: if no worker is left, a call waiting for one would wait forever;
-            # it gets the reason instead (WORKER_LOST, not run).
-            _log.warning("could not start a replacement worker: %s: %s", type(e).__name__, e)
-            if not any(not w.dead for w in self._workers.values()):
-                self._stop_taking_work(f"no worker could be started ({type(e).__name__}: {e})")
-            return
-        with contextlib.suppress(WorkerError):
-            await self._await_ready(worker)
+            os.makedirs(runtime.parent, mode=0o700, exist_ok=True)
+            os.mkdir(runtime, 0o700)
+        except FileExistsError:
+            info = os.lstat(runtime)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+                raise WorkerError(
+                    f"the worker pool's folder {runtime} was replaced by one that is not its own"
+                ) from None
+        else:
+            _log.warning("the worker pool's folder %s was deleted; made it again", runtime)
+        if self._endpoint.startswith("ipc://") and self._sock is not None:
+            path = self._endpoint.removeprefix("ipc://")
+            if not os.path.exists(path):
+                # A second bind of the same path: the connected workers keep their connections
+                # (an unbind would end them), new ones connect to the new socket file.
+                self._sock.bind(self._endpoint)
 
     def _on_exit(self, worker: _Worker) -> None:
         """The worker ended, whatever the reason (or it was written off as lost)."""
@@ -639,9 +809,10 @@ class WorkerPool:
             self._free(worker)
             return
         worker.dead = True
+        was_started = worker.welcomed
         if not worker.ready.done():
             worker.ready.set_exception(
-                WorkerError(
+                _StartFailed(
                     f"worker {worker.worker_id} exited during start{_how(worker)}",
                     worker=worker.worker_id,
                 )
@@ -665,8 +836,10 @@ class WorkerPool:
             lease._answer_gone(reason, worker.killed_on_purpose or self._stopping is not None)
         if worker.launched is not None and worker.launched.has_exited():
             self._free(worker)
-        if self._stopping is None:
-            self._spawn_task(self._replace)
+        if self._stopping is None and was_started:
+            # One that died while it started is its start task's to retry (bounded), not a
+            # replacement's: else a start that always fails would be retried for ever.
+            self._start_worker()
 
     def _free(self, worker: _Worker) -> None:
         """Give what the launcher holds for an ended worker back (once), and forget it."""
@@ -911,6 +1084,23 @@ def _pool_identity() -> str:
     return f"{os.getpid()}-s{start}-ns{pidns or 0}-{secrets.token_hex(4)}"
 
 
+class _StartFailed(WorkerError):
+    """A worker's start that may succeed when tried again: it missed its hello deadline (a busy
+    machine), or it exited while it started (its folder was deleted, the OOM killer)."""
+
+
+def _retried(error: Exception) -> bool:
+    """A start that failed this way is tried again (up to START_ATTEMPTS): a ``_StartFailed``, or
+    the operating system's refusal (a limit reached, a folder deleted). A ``WorkerError`` from the
+    launcher (a worker that would hold a key, say) or a refused hello is final: every start would
+    fail alike."""
+    return isinstance(error, _StartFailed | OSError)
+
+
+def _error_text(error: Exception) -> str:
+    return str(error) if isinstance(error, WorkerError) else f"{type(error).__name__}: {error}"
+
+
 def _resolver(fut: asyncio.Future[None]) -> Callable[[object], None]:
     def resolve(_cause: object) -> None:
         _resolve(fut)
@@ -921,16 +1111,6 @@ def _resolver(fut: asyncio.Future[None]) -> Callable[[object], None]:
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-async def _error_of(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> Exception | None:
-    """``fn(*args)``'s failure, returned rather than raised (the coroutine is made in the task,
-    as in :func:`_never_raises`)."""
-    try:
-        await fn(*args)
-    except Exception as e:
-        return e
-    return None
 
 
 async def _never_raises(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:

@@ -38,3 +38,6 @@ class PoolStatistics:
     """Frames dropped since the start: sent under another worker's key (tcp + CURVE)."""
     error_replies: tuple[tuple[str, str], ...]
     """(worker id, reason) of each error a worker answered outside any call, oldest first."""
+    failed_starts: int = 0
+    """Worker starts that failed since the pool started (each attempt counts: a missed hello
+    deadline, an exit before the hello, a launcher's error)."""

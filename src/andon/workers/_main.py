@@ -65,13 +65,16 @@ from andon.workers._registry import ToolRegistry
 
 __all__ = ["WorkerFault", "WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
 
-WorkerFault: TypeAlias = Literal["garbage-after-started", "error-before-result", "no-hello"]
+WorkerFault: TypeAlias = Literal[
+    "garbage-after-started", "error-before-result", "no-hello", "exit-before-hello"
+]
 """A protocol fault a test asks every worker of a pool to commit, as a buggy or hostile worker
 would: ``garbage-after-started``, frames that are no message right after ``started``;
 ``error-before-result``, an ``error`` about the call sent right before its ``result`` (the
 supervisor must take the call as lost, not believe the result that follows); ``no-hello``, a
 worker that connects and never says hello, as one on a machine too busy to start it in time
-would (the pool's start lasts until its deadline, or until it is stopped)."""
+would (the pool's start lasts until its deadline, or until it is stopped); ``exit-before-hello``,
+exit 1 before the hello (a start that fails at once)."""
 
 
 @dataclass(frozen=True)
@@ -162,9 +165,13 @@ def _detach(log_path: str | None) -> None:
     leave_session_and_reset_signals()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
-    log_fd = (
-        os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else devnull
-    )
+    log_fd = devnull
+    if log_path:
+        # A log that cannot be opened (its folder deleted under the pool) costs the log, not
+        # the worker: a worker that died of it would print a traceback on the supervisor's
+        # stderr, and the pool would start another that dies alike.
+        with contextlib.suppress(OSError):
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     if log_fd != devnull:
@@ -223,6 +230,8 @@ class Worker:
         if self.options.drain_on_term:
             for sig in (_signal.SIGTERM, _signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_stop_signal)
+        if self.options.fault == "exit-before-hello":
+            os._exit(1)
         try:
             if self.options.fault == "no-hello":
                 # Until the pool kills it, or the supervisor is gone (the watch above).

@@ -102,6 +102,7 @@ async def _dispatch(
 
 async def _throughput(registry: ToolRegistry, size: int, calls: int, tmp: str) -> float:
     async with WorkerPool(WorkerPoolConfig(size=size), registry) as pool:
+        await pool.wait_started()  # all workers warm: throughput, not start-up, is measured
         executor = ToolExecutor(pool, registry, session_dir=Path(tmp))
 
         async def one(i: int) -> None:

@@ -472,6 +472,7 @@ async def run_interrupt(
     tmp.mkdir(mode=0o700)
     try:
         async with WorkerPool(WorkerPoolConfig(size=PARALLEL), registry) as pool:
+            await pool.wait_started()  # every worker warm before the first scenario
             bench = Bench(pool, registry, grace, random.Random(seed), tmp, runs, progress)
             for name in names:
                 results[name] = await scenario(bench, name)
