@@ -26,6 +26,7 @@ async def main(mode: str) -> None:
     registry = default()
     config = WorkerPoolConfig(size=2, containment=mode)  # type: ignore[arg-type]
     async with WorkerPool(config, registry) as pool:
+        await pool.wait_started()  # both workers, each with its pid, for the test to watch
         executor = ToolExecutor(pool, registry)
         controller = AbortController()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, controller.abort, Disposed())

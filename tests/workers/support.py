@@ -103,6 +103,8 @@ async def running_pool(
     reg = registry or default()
     config = WorkerPoolConfig(size=size, containment=mode)  # type: ignore[arg-type]
     async with WorkerPool(config, reg) as pool:
+        # start() returns once one worker is ready; these tests count on every worker.
+        await pool.wait_started()
         executor = ToolExecutor(
             pool, reg, grace=grace, clock=clock, session_dir=session_dir, **executor_options
         )

@@ -213,6 +213,7 @@ async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_
 
     pool = WorkerPool(WorkerPoolConfig(size=2), more_tools())
     await pool.start()
+    await pool.wait_started()  # start() returns with one worker ready; both are wanted here
     infos = [procs.stat(pid) for pid in pool.workers.values()]
     workers = [procs.Pidfd.open(info.key) for info in infos if info is not None]
     assert len(workers) == 2
