@@ -110,3 +110,42 @@ def records(session: Path) -> list[dict[str, Any]]:
 def assert_balanced(session: Path) -> None:
     check = run("check", str(session), cwd=session.parent)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+SLOW_START = str(Path(__file__).with_name("slow_start.py"))
+"""``andon`` whose workers never say hello (tests/cli/slow_start.py): a start that lasts."""
+
+_HELD_PRELOAD = """
+import os
+os.write(2, b"preload held\\n")
+with open("hold", "rb") as f:  # nobody writes: held until the process is killed
+    f.read()
+"""
+
+
+def start_held(
+    tmp_path: Path, args: list[str], environ: dict[str, str], *, stdout: int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    """``andon ARGS`` (slow_start.py, in ``tmp_path``, its own session) whose forkserver is held in
+    its first preload module for good, as an import on a machine at load 50 holds it for seconds;
+    returns once it is held there. The caller ends the process."""
+    (tmp_path / "held_preload.py").write_text(_HELD_PRELOAD)
+    os.mkfifo(tmp_path / "hold")
+    proc = subprocess.Popen(
+        [sys.executable, SLOW_START, *args],
+        cwd=tmp_path,
+        env={**environ, "PRELOAD": "held_preload"},
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # ends at the held line, or at the process's end
+        seen.append(line)
+        if line.startswith("preload held"):
+            return proc
+    proc.wait()
+    raise AssertionError(f"the forkserver was never held: {''.join(seen)}")

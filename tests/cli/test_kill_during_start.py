@@ -23,12 +23,11 @@ from pathlib import Path
 import pytest
 
 from andon.base import procs
-from tests.cli.support import env, script
+from tests.cli.support import SLOW_START, env, script, start_held
 from tests.support import alive_after
 
 SEED = 20261208
 BOUND = 3.0  # nothing of andon's is alive this long after its SIGKILL
-SLOW_START = str(Path(__file__).with_name("slow_start.py"))
 
 
 def _one(n: int, delay: float, root: Path) -> tuple[float, list[str]]:
@@ -70,43 +69,17 @@ def test_kill_9_at_any_moment_of_the_start_leaves_nothing(tmp_path: Path) -> Non
     assert not problems, "\n".join(problems)
 
 
-HELD_PRELOAD = """
-import os
-os.write(2, b"preload held\\n")
-with open("hold", "rb") as f:  # nobody writes: held until the process is killed
-    f.read()
-"""
-
-
 def test_kill_9_while_the_forkserver_still_starts_takes_it_down(tmp_path: Path) -> None:
     """The forkserver held in its start-up (its first preload module never returns, as an import
     on a machine at load 50 takes seconds): no line of it can watch anything yet, and it does
     not hold the alive pipe's end in its loop. SIGKILL of andon must take it down all the same,
     and the resource tracker with it."""
-    (tmp_path / "held_preload.py").write_text(HELD_PRELOAD)
-    os.mkfifo(tmp_path / "hold")
     model = script(tmp_path / "m.json", [{"text": "ok"}])
     value = secrets.token_hex(8)
     entry = f"ANDON_KILL_CASE={value}".encode()
     args = ["run", "--json", "--session", str(tmp_path / "s"), "--model", model, "go"]
-    proc = subprocess.Popen(
-        [sys.executable, SLOW_START, *args],
-        cwd=tmp_path,
-        env=env(ANDON_KILL_CASE=value, PRELOAD="held_preload"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_held(tmp_path, args, env(ANDON_KILL_CASE=value), stdout=subprocess.DEVNULL)
     try:
-        assert proc.stderr is not None
-        seen = []
-        for line in proc.stderr:  # ends at the held line, or at the process's end
-            seen.append(line)
-            if line.startswith("preload held"):
-                break
-        assert seen and seen[-1].startswith("preload held"), "".join(seen)
         helpers = procs.tagged(entry, exclude=(os.getpid(), proc.pid))
         assert helpers  # the forkserver (held) and the resource tracker
         proc.kill()

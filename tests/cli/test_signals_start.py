@@ -25,13 +25,12 @@ from pathlib import Path
 import pytest
 
 from andon.base import procs
-from tests.cli.support import ANDON, LONG, env, run, script
+from tests.cli.support import ANDON, LONG, SLOW_START, env, run, script, start_held
 from tests.support import alive_after
 
 SEED = 20261207
 GRACE = (1.0, 1.0)
 BOUND = sum(GRACE) + 1.0  # a stop during the run is done within grace + 1 s; so is this one
-SLOW_START = str(Path(__file__).with_name("slow_start.py"))
 WAIT = 60.0  # for the process to show a worker, or to exit at all: far above any bound
 
 
@@ -300,41 +299,15 @@ def test_json_prints_the_summary_for_a_signal_before_the_session_exists(tmp_path
     assert summary["turns"] == 0 and summary["ended"] is None
 
 
-HELD_PRELOAD = """
-import os
-os.write(2, b"preload held\\n")
-with open("hold", "rb") as f:  # nobody writes: held until the process is killed
-    f.read()
-"""
-
-
 def test_a_signal_while_the_forkserver_still_imports_stops_at_once(tmp_path: Path) -> None:
     """The first worker's start waits for the forkserver, which answers only once it has
     imported the worker modules (held here for good, as a busy machine holds it for seconds).
     A signal then stops the run within the bound: that wait is not on the event loop."""
-    (tmp_path / "held_preload.py").write_text(HELD_PRELOAD)
-    os.mkfifo(tmp_path / "hold")
     model = script(tmp_path / "m.json", [{"text": "ok"}])
     tag = secrets.token_hex(8)
     args = ["run", "--json", "--grace", "1,1", "--session", str(tmp_path / "s"), "--model", model]
-    proc = subprocess.Popen(
-        [sys.executable, SLOW_START, *args, "go"],
-        cwd=tmp_path,
-        env=env(ANDON_SIGNAL_CASE=tag, PRELOAD="held_preload"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_held(tmp_path, [*args, "go"], env(ANDON_SIGNAL_CASE=tag))
     try:
-        assert proc.stderr is not None
-        seen = []
-        for line in proc.stderr:  # ends at the held line, or at the process's end
-            seen.append(line)
-            if line.startswith("preload held"):
-                break
-        assert seen and seen[-1].startswith("preload held"), "".join(seen)
         sent = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
         try:
