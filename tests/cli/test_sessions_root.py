@@ -484,3 +484,24 @@ def test_two_runs_creating_the_same_session_one_wins_and_the_other_leaves_nothin
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     check = andon("check", str(session), cwd=tmp_path, environ=home_env(tmp_path))
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_deep_tmpdir_still_starts_workers(tmp_path: Path) -> None:
+    """A CI runner's TMPDIR deep in its workspace: multiprocess puts the forkserver's socket in a
+    folder under it, and a path past AF_UNIX's 107 bytes failed every start ("AF_UNIX path too
+    long"); the forkserver's folder is then a short one of its own."""
+    tmp = tmp_path / ("t" * 90)
+    tmp.mkdir()
+    model = script(
+        tmp_path / "deep.json",
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": "echo ran"}}]}, {"text": "ok"}],
+    )
+    environ = home_env(tmp_path, TMPDIR=str(tmp))
+    result = andon("run", "--json", "--workers", "1", "--model", model, "go", cwd=tmp_path,
+                   environ=environ)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (outcome,) = [
+        e["data"] for e in map(json.loads, result.stdout.splitlines()) if e["type"] == "tool/result"
+    ]
+    assert outcome["content"].startswith("ran"), outcome

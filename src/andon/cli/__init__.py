@@ -44,9 +44,10 @@ def main() -> int:
             from andon.cli._main import main as cli_main
 
             code = cli_main()
-            if _signals.LEDGER.first is not None:
-                # The first signal decides, also one whose Stopped was lost on the way (raised
-                # where Python could only print it: andon.cli._signals, _quiet_stops).
+            if _signals.LEDGER.lost_stop and _signals.LEDGER.first is not None:
+                # The early stop was raised where Python could only print it (andon.cli._signals,
+                # _quiet_stops) and the command went on: the first signal decides all the same.
+                # (A signal after the command decided its code is only recorded, as always.)
                 code = 128 + _signals.LEDGER.first
         finally:
             # On the way out a signal is only recorded: the code is decided.

@@ -90,6 +90,9 @@ class Ledger:
         self.installed = False
         self.handled: tuple[int, ...] = ()  # what andon handles (not what was ignored on entry)
         self.order: list[int] = []  # the first few, in the order they arrived (for messages)
+        # The early stop was raised where Python could only print it (see _quiet_stops): the
+        # command went on, and its exit code must still be the signal's.
+        self.lost_stop = False
 
     def record(self, signum: int) -> None:
         self.count += 1
@@ -136,6 +139,7 @@ def _quiet_stops(
 
     def quiet(unraisable: sys.UnraisableHookArgs) -> object:
         if isinstance(unraisable.exc_value, Stopped):
+            LEDGER.lost_stop = True
             return None
         return hook(unraisable)
 

@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal as _signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -318,6 +320,7 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     # once they have their own session (workers/_main.py). They are spawned from a thread of
     # their own (andon.supervisor._spawner): andon's own signals stay in order, and a kill -9 of
     # andon takes both down with it.
+    _short_temp_dir()
     saved = {name: os.environ.get(name) for name in names}
     try:
         for name in _Scrub.names:
@@ -344,6 +347,31 @@ def _spawn_helpers() -> None:
     resource_tracker.ensure_running()
     _signal.pthread_sigmask(_signal.SIG_BLOCK, STOP_SIGNALS)
     forkserver.ensure_running()
+
+
+_SUN_PATH_MAX = 107
+"""Bytes an ``AF_UNIX`` socket path may have on Linux (``sun_path`` holds 108, with its NUL)."""
+_LISTENER_NAME = len("/listener-") + 8
+"""What multiprocess adds to its temporary folder for the forkserver's socket
+(``tempfile.mktemp(prefix="listener-")``: eight random characters)."""
+
+
+def _short_temp_dir() -> None:
+    """Give multiprocess a temporary folder short enough for the forkserver's socket.
+
+    multiprocess makes its folder under ``$TMPDIR`` once and puts the forkserver's socket in it. A
+    CI runner's deep workspace ``TMPDIR`` makes that path longer than ``AF_UNIX`` allows, and then
+    no worker could ever start ("AF_UNIX path too long"): a private folder under ``/tmp`` serves
+    instead, as the pool's own socket folder does (``WorkerPool._start``)."""
+    from multiprocess import process, util
+
+    folder = util.get_temp_dir()
+    if len(os.fsencode(folder)) + _LISTENER_NAME <= _SUN_PATH_MAX:
+        return
+    short = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    # Removed at exit as multiprocess removes its own (what it made under TMPDIR is left to it).
+    util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+    process.current_process()._config["tempdir"] = short
 
 
 def _restart_forkserver(hidden: frozenset[str]) -> None:
