@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -82,6 +83,9 @@ class ForkserverLauncher(WorkerLauncher):
         self._registry: Any = None
         self._cgroups: CgroupTree | None = None
         self._held = False
+        # Starts cancelled while their thread still ran (the pool closed, a signal): what each
+        # forked is killed when it ends, and the close waits for them (ABANDONED_WAIT).
+        self._abandoned: set[asyncio.Future[Any]] = set()
 
     async def open(self, setup: PoolSetup) -> None:
         self._setup = setup
@@ -122,18 +126,21 @@ class ForkserverLauncher(WorkerLauncher):
         )
 
         def process_of() -> _WorkerProcess:
+            # Called under _START_LOCK right before the fork: the forkserver running now is the
+            # worker's parent (a dead one is never respawned from there).
+            forked_by = dataclasses.replace(options, forkserver_pid=_forkserver_pid())
             name = f"andon-worker-{worker_id}"
-            return _WorkerProcess(target=worker_main, args=(options,), name=name, daemon=True)
+            return _WorkerProcess(target=worker_main, args=(forked_by,), name=name, daemon=True)
 
         _ensure_forkserver(self._hidden)
         try:
-            process = await _started(process_of)
+            process = await _started(process_of, self._abandoned)
         except (FileNotFoundError, ConnectionRefusedError):
             # The forkserver's listening socket is gone (multiprocess keeps it in the temporary
             # folder, which a tool's ``rm -rf /tmp/*`` empties): a new forkserver, and once more.
             _log.warning("the workers' forkserver lost its socket; starting a new one")
             _restart_forkserver(self._hidden)
-            process = await _started(process_of)
+            process = await _started(process_of, self._abandoned)
         # multiprocess restarts a forkserver that died between the check above and the start
         # (from the environment as it is then, keys and all): the worker is looked at, not
         # trusted, and one that would hold a key never gets a call.
@@ -199,7 +206,19 @@ class ForkserverLauncher(WorkerLauncher):
     async def aclose(self) -> None:
         if self._held:
             self._held = False
-            _ForkserverUsers.release()
+            _ForkserverUsers.release()  # the last pool's: the forkserver goes, and the wait ends
+        if self._abandoned:
+            # A start cancelled while its thread waited on the forkserver may still fork a
+            # worker: nothing of the pool would know it, and it would outlive the close. Its
+            # thread ends soon (the forkserver answers, or is gone); what it forked is killed.
+            pending = set(self._abandoned)
+            await asyncio.wait(pending, timeout=ABANDONED_WAIT)
+            for future in pending:
+                if future.done():
+                    _kill_unwanted(future)
+                else:
+                    _log.warning("a cancelled worker start did not end within %gs", ABANDONED_WAIT)
+            _ForkserverUsers.stop_if_unused()  # what such a thread respawned, if anything
         if self._cgroups is not None:
             self._cgroups.remove_all()
             self._cgroups = None
@@ -209,7 +228,14 @@ _START_LOCK: Final = threading.Lock()
 """One worker start at a time: each swaps a function of ``multiprocess.spawn`` while it runs."""
 
 
-async def _started(process_of: Callable[[], Any]) -> Any:
+ABANDONED_WAIT: Final = 10.0
+"""Seconds a launcher's close waits for the thread of a cancelled start (it waits on the
+forkserver, which answers in a moment, or is gone and fails it at once)."""
+
+
+async def _started(
+    process_of: Callable[[], Any], abandoned_starts: set[asyncio.Future[Any]]
+) -> Any:
     """A new worker process, started off the event loop.
 
     ``start`` waits until the forkserver has forked the worker, and a forkserver just spawned
@@ -226,6 +252,9 @@ async def _started(process_of: Callable[[], Any]) -> Any:
     except asyncio.CancelledError:
         abandoned.set()  # a start still waiting for its turn does not begin
         future.add_done_callback(_kill_unwanted)
+        if not future.done():
+            abandoned_starts.add(future)  # the launcher's close waits for it
+            future.add_done_callback(abandoned_starts.discard)
         raise
 
 
@@ -244,6 +273,7 @@ def _start_process(process_of: Callable[[], Any], abandoned: threading.Event) ->
 
 
 def _kill_unwanted(future: asyncio.Future[Any]) -> None:
+    """Kill the worker a cancelled start forked, if it forked one (safe to call twice)."""
     if future.cancelled() or future.exception() is not None:
         return  # nothing was forked (the exception is read: it is not worth a warning)
     process = future.result()
@@ -471,6 +501,13 @@ class _ForkserverUsers:
     @classmethod
     def release(cls) -> None:
         cls.count -= 1
+        cls.stop_if_unused()
+
+    @classmethod
+    def stop_if_unused(cls) -> None:
+        """Stop the forkserver and the tracker if no pool uses them (again, after the thread of
+        a cancelled start ended: multiprocess respawns either from the thread that starts a
+        worker when it finds it gone, and such a late start must not leave one running)."""
         if cls.count > 0:
             return
         from multiprocess import forkserver, resource_tracker

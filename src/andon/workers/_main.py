@@ -86,6 +86,10 @@ class WorkerOptions:
     # Its start time (clock ticks since boot): a supervisor killed while this worker started may
     # have its pid reused by then, and a stranger must not be taken for it.
     supervisor_start: int | None = None
+    # The forkserver that forks this worker (local workers): its parent until it watches the
+    # supervisor. One already gone when the worker looks (killed by a pool's close while it
+    # forked this one) is a start nobody waits for any more.
+    forkserver_pid: int | None = None
     containment: ContainmentSetting = "auto"
     log_path: str | None = None
     cgroup_base: str | None = None  # the pool's own cgroup tree (cgroup mode)
@@ -116,6 +120,10 @@ def worker_main(options: WorkerOptions) -> None:
         # the supervisor (andon.supervisor._spawner). Lifted once it watches: a forkserver
         # replaced later must not take running workers with it.
         set_parent_death_signal(_signal.SIGKILL)
+    if options.forkserver_pid is not None and os.getppid() != options.forkserver_pid:
+        # The forkserver died before the line above: its death signal will never come, and the
+        # pool that wanted this worker is closed (it kills the forkserver last). Nobody waits.
+        os._exit(0)
     if _supervisor_gone_already(options):
         # Killed while this worker was being forked: nothing was started, nothing to say.
         os._exit(0)
