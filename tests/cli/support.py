@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -123,18 +125,20 @@ with open("hold", "rb") as f:  # nobody writes: held until the process is killed
 """
 
 
-def start_held(
-    tmp_path: Path, args: list[str], environ: dict[str, str], *, stdout: int = subprocess.PIPE
+def start_slow(
+    tmp_path: Path,
+    args: list[str],
+    environ: dict[str, str],
+    *,
+    until: str,
+    stdout: int = subprocess.PIPE,
 ) -> subprocess.Popen[str]:
-    """``andon ARGS`` (slow_start.py, in ``tmp_path``, its own session) whose forkserver is held in
-    its first preload module for good, as an import on a machine at load 50 holds it for seconds;
-    returns once it is held there. The caller ends the process."""
-    (tmp_path / "held_preload.py").write_text(_HELD_PRELOAD)
-    os.mkfifo(tmp_path / "hold")
+    """``andon ARGS`` whose workers never say hello (slow_start.py, in ``tmp_path``, its own
+    session), returned once it said ``until`` on stderr (a test hook holds it there)."""
     proc = subprocess.Popen(
         [sys.executable, SLOW_START, *args],
         cwd=tmp_path,
-        env={**environ, "PRELOAD": "held_preload"},
+        env=environ,
         stdout=stdout,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -145,7 +149,40 @@ def start_held(
     seen = []
     for line in proc.stderr:  # ends at the held line, or at the process's end
         seen.append(line)
-        if line.startswith("preload held"):
+        if line.startswith(until):
             return proc
     proc.wait()
-    raise AssertionError(f"the forkserver was never held: {''.join(seen)}")
+    raise AssertionError(f"never said {until!r}: {''.join(seen)}")
+
+
+def start_held(
+    tmp_path: Path, args: list[str], environ: dict[str, str], *, stdout: int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    """:func:`start_slow` with its forkserver held in its first preload module for good, as an
+    import on a machine at load 50 holds it for seconds. The caller ends the process."""
+    (tmp_path / "held_preload.py").write_text(_HELD_PRELOAD)
+    os.mkfifo(tmp_path / "hold")
+    environ = {**environ, "PRELOAD": "held_preload"}
+    return start_slow(tmp_path, args, environ, until="preload held", stdout=stdout)
+
+
+def signal_and_wait(
+    proc: subprocess.Popen[str], signum: int, timeout: float, *, group: bool = False
+) -> tuple[str, str, float]:
+    """Send ``signum`` to ``proc`` (our own unreaped child, leading its own group, so the number
+    is ours) and wait for its end: (stdout, stderr, seconds from the signal). Past ``timeout`` its
+    group is SIGKILLed; whatever happens, nothing of it is left running."""
+    try:
+        sent = time.monotonic()
+        if proc.poll() is None:
+            (os.killpg if group else os.kill)(proc.pid, signum)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        return out, err, time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -25,7 +25,17 @@ from pathlib import Path
 import pytest
 
 from andon.base import procs
-from tests.cli.support import ANDON, LONG, SLOW_START, env, run, script, start_held
+from tests.cli.support import (
+    ANDON,
+    LONG,
+    SLOW_START,
+    env,
+    run,
+    script,
+    signal_and_wait,
+    start_held,
+    start_slow,
+)
 from tests.support import alive_after
 
 SEED = 20261207
@@ -93,20 +103,11 @@ def _one(case: Case, root: Path) -> Ran:
         # A seeded moment of the start, not an ordering of a race: landing anywhere in it is
         # the point.
         time.sleep(case.delay)  # sleep-ok: the signal's moment is the thing under test
-        sent = time.monotonic()
-        if proc.poll() is None:
-            # Our own unreaped child leads this group (start_new_session), so the number is ours.
-            (os.killpg if case.group else os.kill)(proc.pid, case.signum)
-        try:
-            out, err = proc.communicate(timeout=WAIT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own unreaped child leads the group
+        proc.wait()
+        raise
+    out, err, took = signal_and_wait(proc, case.signum, WAIT, group=case.group)
     left = alive_after(procs.tagged(tag, exclude=(os.getpid(),)), timeout=5.0)
     return Ran(case, proc.returncode, took, out, err, session, left)
 
@@ -186,24 +187,8 @@ def _held(tmp_path: Path, tag: str) -> tuple[subprocess.Popen[str], Path]:
     fifo = tmp_path / "hold"
     os.mkfifo(fifo)
     args = ["run", "--json", "--grace", "1,1", "--session", str(tmp_path / "s"), "--model", model]
-    proc = subprocess.Popen(
-        [sys.executable, SLOW_START, *args, "go"],
-        cwd=tmp_path,
-        env=env(ANDON_SIGNAL_CASE=tag, HOLD_SPAWN=str(fifo)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stderr is not None
-    seen = []
-    for line in proc.stderr:  # ends at the held line, or at the process's end
-        seen.append(line)
-        if line.startswith("spawn window held"):
-            return proc, fifo
-    proc.wait()
-    raise AssertionError("".join(seen))
+    environ = env(ANDON_SIGNAL_CASE=tag, HOLD_SPAWN=str(fifo))
+    return start_slow(tmp_path, [*args, "go"], environ, until="spawn window held"), fifo
 
 
 def _release(proc: subprocess.Popen[str], fifo: Path) -> tuple[str, str]:
@@ -307,19 +292,7 @@ def test_a_signal_while_the_forkserver_still_imports_stops_at_once(tmp_path: Pat
     tag = secrets.token_hex(8)
     args = ["run", "--json", "--grace", "1,1", "--session", str(tmp_path / "s"), "--model", model]
     proc = start_held(tmp_path, [*args, "go"], env(ANDON_SIGNAL_CASE=tag))
-    try:
-        sent = time.monotonic()
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=BOUND + 20)  # far above the bound
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out, err, took = signal_and_wait(proc, signal.SIGTERM, BOUND + 20)  # far above the bound
     assert proc.returncode == 143, err
     assert took <= BOUND, f"took {took:.2f}s after the signal"
     assert json.loads(out.splitlines()[-1])["exit_code"] == 143
