@@ -417,7 +417,7 @@ class WorkerPool:
         self._rest_to_start = self.config.size - 1
         self._start_worker()
         await self._first
-        if not any(w.welcomed and not w.dead for w in self._workers.values()):
+        if not self._has_ready_worker():
             raise NoWorkerStarted(self._stopping or "no tool worker could be started")
 
     async def _bind_tcp(self, sock: zmq.asyncio.Socket) -> str:
