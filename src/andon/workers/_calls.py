@@ -453,7 +453,11 @@ async def _sweep(ctx: CallContext) -> int:
     # Zombies in ``reached`` were alive when the signal went out (ours were reaped just before).
     seen = {(m.pid, m.start) for m in reached}
     if not seen:
-        return 0
+        # The scan behind that stop may have raced a fork-and-exit and missed the new child
+        # (CallProcesses._raced): only a conclusive scan, after reaping, says nothing is left.
+        if await procs.wait_gone(0.0):
+            return 0
+        seen = {(m.pid, m.start) for m in procs.stop(_signal.SIGTERM, group_only=False)}
     await ctx.send(
         Signalled(call_id=ctx.run.call_id, stage="sweep-term", at=ctx.elapsed(), targets=len(seen))
     )

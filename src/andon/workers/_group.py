@@ -173,8 +173,9 @@ class CallProcesses:
         deadline = loop.time() + max(0.0, timeout)
         while True:
             generation = self.reaper.generation
-            members = self.members()
-            if not members:
+            found = self.members(include_zombies=True)
+            members = [m for m in found if not m.zombie]
+            if not members and not self._raced(found):
                 return True
             left = deadline - loop.time()
             if left <= 0:
@@ -183,6 +184,20 @@ class CallProcesses:
                 await _wait_all_exit(members, left)
             else:
                 await self.reaper.wait_change(generation, left)
+
+    def _raced(self, found: list[ProcInfo]) -> bool:
+        """Whether a scan that found nothing alive may still have missed a process.
+
+        A scan lists /proc, then reads each entry. A process alive at the listing that forks and
+        exits before its entry is read shows up as a zombie, and its new child, born after the
+        listing, is not in the scan at all (``setsid`` does just that: fork, then exit). The
+        worker's own zombies were reaped right before the scan, so a zombie child of the worker
+        in it died during the scan: only the next scan, after it is reaped, is conclusive. (A
+        zombie whose parent is another member has a live parent in the scan anyway.) In pgroup
+        mode the tag scan repeats itself for the same reason."""
+        if self.mode == "pgroup":
+            return False
+        return any(p.zombie and p.ppid == self.worker_pid for p in found)
 
 
 def _has_children() -> bool:
