@@ -66,6 +66,7 @@ def test_only_transient_codes_are_retryable() -> None:
         ErrorCode.MALFORMED_STREAM,
         ErrorCode.CONTENT_FILTER,
         ErrorCode.SCRIPT_EXHAUSTED,
+        ErrorCode.CONTEXT_OVERFLOW,
     ):
         assert RetryPolicy().next_delay(error(final), 1, never_jitter) is None
 

@@ -25,6 +25,7 @@ class ErrorCode(StrEnum):
     AUTH = "AUTH"
     INSUFFICIENT_BALANCE = "INSUFFICIENT_BALANCE"
     BAD_REQUEST = "BAD_REQUEST"
+    CONTEXT_OVERFLOW = "CONTEXT_OVERFLOW"
     RATE_LIMITED = "RATE_LIMITED"
     SERVER = "SERVER"
     OVERLOADED = "OVERLOADED"
@@ -43,6 +44,7 @@ MODEL_ERROR_CODES = frozenset(
         ErrorCode.AUTH,
         ErrorCode.INSUFFICIENT_BALANCE,
         ErrorCode.BAD_REQUEST,
+        ErrorCode.CONTEXT_OVERFLOW,
         ErrorCode.RATE_LIMITED,
         ErrorCode.SERVER,
         ErrorCode.OVERLOADED,

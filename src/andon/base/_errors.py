@@ -17,7 +17,8 @@ needs (``session``, ``seq``, ``call_id``, ``code`` ...) as attributes, not only 
     │   ├── LogFormatUnsupported      an unknown record type or format (.seq, .record_type)
     │   ├── SessionLive               another live process holds the lock (.pid, .host)
     │   └── LogWriteFailed            an append failed (ENOSPC, EIO ...) (.errno)
-    ├── ModelError                    the model API failed (carries .code, .status, .retry_after)
+    ├── ModelError                    the model API failed (carries .code, .status, .retry_after;
+    │                                 a CONTEXT_OVERFLOW also .limit and .requested)
     ├── ConfigError                   a user's configuration or input is wrong (CLI exit code 2)
     │   └── ScriptInvalid             a scripted-model reply is malformed (.index, .field)
     ├── AgentClosed                   a send after disposal began
@@ -186,7 +187,12 @@ class LogWriteFailed(SessionError):
 
 class ModelError(AndonError):
     """The model API failed. ``code`` is one of the model codes (docs/models.md, Errors and
-    retries)."""
+    retries).
+
+    A ``CONTEXT_OVERFLOW`` carries what the server said about it, where it said so: ``limit``,
+    the model's context window in tokens, and ``requested``, the tokens of the request's input as
+    the server counted them (``None`` each when the server did not say; always ``None`` for
+    other codes)."""
 
     def __init__(
         self,
@@ -195,12 +201,16 @@ class ModelError(AndonError):
         *,
         status: int | None = None,
         retry_after: float | None = None,
+        limit: int | None = None,
+        requested: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
         self.retry_after = retry_after
+        self.limit = limit
+        self.requested = requested
 
     def __repr__(self) -> str:
         return f"ModelError({self.code.value}, {self.message!r}, status={self.status!r})"

@@ -164,6 +164,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="answer HTTP 400 as DeepSeek V4 does when a tool-using span's reasoning is missing",
     )
+    mock.add_argument(
+        "--context-window", metavar="N", help="refuse requests over N tokens (JSON bytes / 4)"
+    )
+    mock.add_argument(
+        "--overflow-shape",
+        metavar="SHAPE",
+        help="how: openai (default), deepseek, vllm, llamacpp, llama-cpp-python, empty-stream",
+    )
     return parser
 
 
@@ -296,7 +304,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             from andon.testing import mock_model_main
 
             argv = ["--script", args.script, "--port", str(args.port)]
-            return mock_model_main(argv + (["--strict-reasoning"] if args.strict_reasoning else []))
+            if args.strict_reasoning:
+                argv.append("--strict-reasoning")
+            if args.context_window is not None:
+                argv += ["--context-window", args.context_window]
+            if args.overflow_shape is not None:
+                argv += ["--overflow-shape", args.overflow_shape]
+            return mock_model_main(argv)
     raise AssertionError(f"unhandled command {args.command!r}")
 
 

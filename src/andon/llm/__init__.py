@@ -6,6 +6,7 @@ Imports only ``andon.base`` (docs/architecture.md, Layers).
 """
 
 from andon.llm._openai import OpenAICompatible
+from andon.llm._overflow import overflow_figures
 from andon.llm._request import build_request_body, reasoning_needed
 from andon.llm._retry import (
     RETRYABLE_CODES,
@@ -69,6 +70,7 @@ __all__ = [
     "build_request_body",
     "code_for_status",
     "from_spec",
+    "overflow_figures",
     "parse_retry_after",
     "reasoning_needed",
 ]

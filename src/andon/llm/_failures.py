@@ -11,6 +11,10 @@ One HTTP 400 gets its own advice: DeepSeek's "The `reasoning_content` in the thi
 passed back to the API". andon sends that reasoning itself (``_request``), so the 400 means a bug
 in andon, a proxy that strips the field, or a DeepSeek endpoint the spec does not name as one; it
 is a ``BAD_REQUEST`` like any 400 (retrying cannot help) but says which.
+
+A request longer than the model's context window is ``CONTEXT_OVERFLOW`` instead of
+``BAD_REQUEST``, in every provider's shape (``andon.llm._overflow``), with the window and the
+request's tokens when the server named them; never retried (the same request overflows again).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Final
 import httpx
 
 from andon.base import ErrorCode, ModelError, clean_text
+from andon.llm._overflow import detect_overflow
 from andon.llm._request import DEEPSEEK
 from andon.llm._retry import code_for_status
 from andon.llm._wire import valid_text
@@ -44,7 +49,8 @@ _NAMED_CODES: Final[tuple[tuple[str, ErrorCode], ...]] = (
     ("authentication", ErrorCode.AUTH),
     ("permission", ErrorCode.AUTH),
     ("invalid_request", ErrorCode.BAD_REQUEST),
-    ("context_length", ErrorCode.BAD_REQUEST),
+    ("context_length", ErrorCode.CONTEXT_OVERFLOW),
+    ("exceed_context_size", ErrorCode.CONTEXT_OVERFLOW),
     ("content_filter", ErrorCode.CONTENT_FILTER),
     ("server_error", ErrorCode.SERVER),
     ("internal", ErrorCode.SERVER),
@@ -82,8 +88,10 @@ def scrub(text: str, secret: str | None) -> str:
     return text
 
 
-def _server_message(body: bytes, secret: str | None) -> str:
-    """The human part of an error body: ``error.message``, ``message``, ``detail`` or the text."""
+def _server_error(body: bytes, secret: str | None) -> tuple[Mapping[str, Any] | None, str, str]:
+    """The error object of an error body (``error``, or the body itself when it is one, as old
+    vLLM answers), the server's whole message (for reading figures) and the human part, scrubbed:
+    ``error.message``, ``message``, ``detail`` or the text."""
     text = clean_text(body)
     try:
         parsed: Any = json.loads(text)
@@ -96,10 +104,30 @@ def _server_message(body: bytes, secret: str | None) -> str:
             parsed.get("message"),
             parsed.get("detail"),
         ]
+        obj = error if isinstance(error, Mapping) else parsed
         for candidate in candidates:
             if isinstance(candidate, str) and candidate.strip():
-                return scrub(candidate, secret)
-    return scrub(text, secret) or "(no error message)"
+                return obj, valid_text(candidate), scrub(candidate, secret)
+        return obj, text, scrub(text, secret) or "(no error message)"
+    return None, text, scrub(text, secret) or "(no error message)"
+
+
+_OVERFLOW_STATUSES: Final = frozenset({400, 413, 422, 500})
+"""Statuses a context overflow arrives with (400 nearly always; 413 and 422 from proxies and
+validators; 500 from a server that lets the exception through). Never a 401/403/429/503: those
+mean something else whatever their text says."""
+
+
+def _overflow_message(head: str, said: str, limit: int | None, requested: int | None) -> str:
+    figures = ""
+    if limit is not None and requested is not None:
+        figures = f" of {limit} tokens (the server counted {requested} input tokens)"
+    elif limit is not None:
+        figures = f" of {limit} tokens"
+    return (
+        f"the request is longer than the model's context window{figures} ({head}: {said}); "
+        "a shorter history is needed"
+    )
 
 
 def status_error(
@@ -108,8 +136,19 @@ def status_error(
     """The error for an HTTP error response (the table of docs/models.md, Errors and retries), with
     an actionable message."""
     code = code_for_status(status)
-    said = _server_message(body, context.secret)
+    error, whole, said = _server_error(body, context.secret)
     head = f"HTTP {status} from {context.url}"
+    overflow = detect_overflow(error, whole) if status in _OVERFLOW_STATUSES else None
+    if overflow is not None:
+        limit, requested = overflow
+        return ModelError(
+            ErrorCode.CONTEXT_OVERFLOW,
+            _overflow_message(head, said, limit, requested),
+            status=status,
+            retry_after=retry_after,
+            limit=limit,
+            requested=requested,
+        )
     match code:
         case ErrorCode.AUTH:
             message = (
@@ -161,13 +200,25 @@ def payload_error(error: object, secret: str | None) -> ModelError:
     """The error for an ``{"error": ...}`` payload in the stream: its mapped code, else SERVER."""
     code = ErrorCode.SERVER
     said = "(no error message)"
+    whole = ""
+    obj: Mapping[str, Any] | None = None
     if isinstance(error, Mapping):
+        obj = error
         message = error.get("message")
         if isinstance(message, str) and message.strip():
-            said = scrub(message, secret)
+            said, whole = scrub(message, secret), valid_text(message)
         code = _code_of(error)
     elif isinstance(error, str) and error.strip():
-        said = scrub(error, secret)
+        said, whole = scrub(error, secret), valid_text(error)
+    overflow = detect_overflow(obj, whole)
+    if overflow is not None:
+        limit, requested = overflow
+        return ModelError(
+            ErrorCode.CONTEXT_OVERFLOW,
+            _overflow_message("in the stream", said, limit, requested),
+            limit=limit,
+            requested=requested,
+        )
     return ModelError(code, f"the model API reported an error mid-stream: {said}")
 
 

@@ -17,9 +17,12 @@ from andon.testing._engine import (
 )
 from andon.testing._kube import FakeKubernetes
 from andon.testing._mock_server import (
+    OVERFLOW_SHAPES,
     SERVER_ONLY_FIELDS,
+    SUMMARY_MARKER,
     MockModelServer,
     RecordedRequest,
+    mock_prompt_tokens,
 )
 from andon.testing._mock_server import main as mock_model_main
 from andon.testing._trees import (
@@ -33,9 +36,11 @@ from andon.testing._trees import (
 __all__ = [
     "ENGINE_URL_VAR",
     "IMAGE_LABEL",
+    "OVERFLOW_SHAPES",
     "SERVER_ONLY_FIELDS",
     "SHELL_SLEEP",
     "STUBBORN",
+    "SUMMARY_MARKER",
     "TRAP_INT",
     "FakeKubernetes",
     "MockModelServer",
@@ -47,6 +52,7 @@ __all__ = [
     "leader_obeys_member_stubborn",
     "make_worker_image",
     "mock_model_main",
+    "mock_prompt_tokens",
     "open_engine",
     "remove_image",
     "why_no_engine",

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import http
 import json
+import math
 import os
 import signal
 import sys
@@ -46,7 +47,15 @@ import yaml
 from andon.base import ConfigError, ScriptInvalid
 from andon.llm import ReasoningDelta, ScriptParser, ScriptReply, TextDelta, ToolCallDelta
 
-__all__ = ["SERVER_ONLY_FIELDS", "MockModelServer", "RecordedRequest", "main"]
+__all__ = [
+    "OVERFLOW_SHAPES",
+    "SERVER_ONLY_FIELDS",
+    "SUMMARY_MARKER",
+    "MockModelServer",
+    "RecordedRequest",
+    "main",
+    "mock_prompt_tokens",
+]
 
 SERVER_ONLY_FIELDS: Final = (
     "usage_chunk",
@@ -80,6 +89,99 @@ _ERROR_TYPES: Final = {
 _KEEPALIVE: Final = b": keep-alive\n\n"
 _MALFORMED: Final = b'data: {"choices": [{"delta": {"content": "cut \n\n'
 _HEADER_LIMIT: Final = 64 * 1024
+
+OVERFLOW_SHAPES: Final[tuple[str, ...]] = (
+    "openai",
+    "deepseek",
+    "vllm",
+    "llamacpp",
+    "llama-cpp-python",
+    "empty-stream",
+)
+"""How the mock answers a request over its ``context_window`` (see :class:`MockModelServer`)."""
+
+SUMMARY_MARKER: Final = "[andon:compaction-summary-request]"
+"""A request whose last message contains this string is a summary request: a mock server given
+``summaries`` answers it with that text instead of the next scripted reply."""
+
+MOCK_BYTES_PER_TOKEN: Final = 4
+"""The mock's one token rule: see :func:`mock_prompt_tokens`."""
+
+
+def mock_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The prompt tokens the mock server counts for a chat-completions request ``body``: the
+    UTF-8 bytes of ``json.dumps([messages, tools], ensure_ascii=False, separators=(",", ":"))``
+    divided by :data:`MOCK_BYTES_PER_TOKEN` (4), rounded up (``tools`` is ``[]`` when absent).
+
+    One rule, documented, so a test can compute exactly what the mock will accept; no real
+    tokenizer works like this, which is the point: andon must calibrate from ``usage``."""
+    messages = body.get("messages", [])
+    tools = body.get("tools") or []
+    text = json.dumps([messages, tools], ensure_ascii=False, separators=(",", ":"))
+    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / MOCK_BYTES_PER_TOKEN)
+
+
+def _overflow_answer(shape: str, window: int, tokens: int, body: Mapping[str, Any]) -> bytes:
+    """The HTTP 400 body a real server of ``shape`` answers for a request of ``tokens`` prompt
+    tokens over a window of ``window`` (docs/models.md, The mock server)."""
+    completion = body.get("max_tokens")
+    if shape == "openai":
+        error: dict[str, Any] = {
+            "message": f"This model's maximum context length is {window} tokens. However, your "
+            f"messages resulted in {tokens} tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    elif shape in ("deepseek", "llama-cpp-python"):
+        # DeepSeek counts an absent max_tokens as 0; llama-cpp-python formats the request's
+        # max_tokens as it is, None included.
+        shown = completion if shape == "llama-cpp-python" else (completion or 0)
+        total = tokens + (completion if isinstance(completion, int) else 0)
+        error = {
+            "message": f"This model's maximum context length is {window} tokens. However, you "
+            f"requested {total} tokens ({tokens} in the messages, {shown} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            "type": "invalid_request_error",
+            "param": "messages" if shape == "llama-cpp-python" else None,
+            "code": "context_length_exceeded"
+            if shape == "llama-cpp-python"
+            else "invalid_request_error",
+        }
+    elif shape == "vllm":
+        error = {
+            "message": f"This model's maximum context length is {window} tokens. However, your "
+            f"request has {tokens} input tokens. Please reduce the length of the input messages.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    else:  # llamacpp
+        error = {
+            "code": 400,
+            "message": f"request ({tokens} tokens) exceeds the available context size "
+            f"({window} tokens), try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": tokens,
+            "n_ctx": window,
+        }
+    return json.dumps({"error": error}).encode()
+
+
+def _last_text(messages: object) -> str:
+    """The text of the last message of a request (its string content, or its text parts)."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], Mapping):
+        return ""
+    content = messages[-1].get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return ""
 
 
 # --- the script -------------------------------------------------------------------------------
@@ -310,6 +412,8 @@ class RecordedRequest:
     headers: dict[str, str]
     body: Any
     raw_body: bytes = field(repr=False, default=b"")
+    prompt_tokens: int | None = None
+    """The request's prompt tokens by :func:`mock_prompt_tokens` (``None``: not a JSON object)."""
 
 
 @dataclass(slots=True)
@@ -353,6 +457,21 @@ class MockModelServer:
     Such a request is recorded and counted (:attr:`rejected`) but consumes no reply, as the real
     API rejects it before any model runs. Off by default: the rule is DeepSeek's, not every
     server's.
+
+    ``context_window=N`` makes it a server with a window of ``N`` tokens, counted by the one rule
+    of :func:`mock_prompt_tokens`: a request over ``N`` is refused the way the server named by
+    ``overflow_shape`` refuses it (one of :data:`OVERFLOW_SHAPES`: ``"openai"``, ``"deepseek"``,
+    ``"vllm"``, ``"llamacpp"`` (llama.cpp's C++ server), ``"llama-cpp-python"`` (each an HTTP 400
+    with that server's body), or ``"empty-stream"``: HTTP 200 and an event stream that ends
+    without any event, as llama-cpp-python's server answers a streamed request). A refused
+    request is recorded and counted (:attr:`overflows`) and consumes no reply. With a window, every
+    reply's usage says the request's count as ``prompt_tokens`` (the script's usage, if any,
+    keeps its other counts; else ``completion_tokens`` is the reply's bytes / 4, rounded up), so a
+    client can calibrate its estimate; :attr:`largest_prompt_tokens` is the largest request seen.
+
+    ``summaries="TEXT"`` answers every request whose last message contains
+    :data:`SUMMARY_MARKER` with ``TEXT`` (plain text, finish ``stop``) without consuming a
+    scripted reply, so a script need not know when a client compacts its history.
     """
 
     def __init__(
@@ -363,8 +482,29 @@ class MockModelServer:
         port: int = 0,
         source: str | None = None,
         strict_reasoning: bool = False,
+        context_window: int | None = None,
+        overflow_shape: str = "openai",
+        summaries: str | None = None,
     ) -> None:
         self._replies = _parse_replies(replies, source)
+        if context_window is not None and (
+            isinstance(context_window, bool)
+            or not isinstance(context_window, int)
+            or context_window < 1
+        ):
+            raise ConfigError(f"context_window must be a whole number >= 1, got {context_window!r}")
+        if overflow_shape not in OVERFLOW_SHAPES:
+            raise ConfigError(
+                f"unknown overflow_shape {overflow_shape!r} (known: {', '.join(OVERFLOW_SHAPES)})"
+            )
+        self._window = context_window
+        self._shape = overflow_shape
+        self._summary: _ServerReply | None = None
+        if summaries is not None:
+            self._summary = _parse_reply(ScriptParser("summaries"), 0, {"text": summaries})
+        self._summaries_served = 0
+        self._overflows = 0
+        self._largest = 0
         self._host = host
         self._port = port
         self._strict_reasoning = strict_reasoning
@@ -393,10 +533,22 @@ class MockModelServer:
         host: str = "127.0.0.1",
         port: int = 0,
         strict_reasoning: bool = False,
+        context_window: int | None = None,
+        overflow_shape: str = "openai",
+        summaries: str | None = None,
     ) -> MockModelServer:
         """A server for a YAML or JSON script file (``{"replies": [...]}`` or a bare list)."""
         replies, name = _load_file(path)
-        return cls(replies, host=host, port=port, source=name, strict_reasoning=strict_reasoning)
+        return cls(
+            replies,
+            host=host,
+            port=port,
+            source=name,
+            strict_reasoning=strict_reasoning,
+            context_window=context_window,
+            overflow_shape=overflow_shape,
+            summaries=summaries,
+        )
 
     # --- what tests read ------------------------------------------------------------------------
 
@@ -430,6 +582,26 @@ class MockModelServer:
     def rejected(self) -> int:
         """How many requests ``strict_reasoning`` refused with DeepSeek's HTTP 400."""
         return self._rejected
+
+    @property
+    def context_window(self) -> int | None:
+        return self._window
+
+    @property
+    def overflows(self) -> int:
+        """How many requests were refused for being over :attr:`context_window`."""
+        return self._overflows
+
+    @property
+    def largest_prompt_tokens(self) -> int:
+        """The largest prompt (by :func:`mock_prompt_tokens`) of any request received, refused
+        ones included (0 before the first)."""
+        return self._largest
+
+    @property
+    def summaries_served(self) -> int:
+        """How many summary requests were answered with ``summaries``."""
+        return self._summaries_served
 
     @property
     def client_closes(self) -> int:
@@ -662,26 +834,48 @@ class MockModelServer:
             body: Any = json.loads(request.body)
         except ValueError:
             body = None
+        tokens = mock_prompt_tokens(body) if isinstance(body, dict) else None
+        over = self._window is not None and tokens is not None and tokens > self._window
         refuse = (
-            self._strict_reasoning
+            not over
+            and self._strict_reasoning
             and isinstance(body, dict)
             and _thinking_enabled(body)
             and _missing_reasoning(body.get("messages")) is not None
         )
+        summary = (
+            self._summary is not None
+            and isinstance(body, dict)
+            and SUMMARY_MARKER in _last_text(body.get("messages"))
+        )
         with self._lock:
             self._requests.append(
-                RecordedRequest(request.method, path, request.headers, body, request.body)
+                RecordedRequest(request.method, path, request.headers, body, request.body, tokens)
             )
+            if tokens is not None:
+                self._largest = max(self._largest, tokens)
             reply = None
             streaming = isinstance(body, dict) and body.get("stream") is True
-            if refuse:
+            if over:
+                self._overflows += 1
+            elif refuse:
                 self._rejected += 1
+            elif streaming and summary:
+                reply = self._summary
+                self._summaries_served += 1
             elif streaming and self._cursor < len(self._replies):
                 reply = self._replies[self._cursor]
                 self._cursor += 1
         self._changed()
         if not isinstance(body, dict):
             await self._send(writer, 400, _error_body("the body is not a JSON object", "invalid"))
+            return keep
+        if over:
+            assert self._window is not None and tokens is not None
+            if self._shape == "empty-stream":
+                return await self._empty_stream(keep, reader, writer)
+            answer = _overflow_answer(self._shape, self._window, tokens, body)
+            await self._send(writer, 400, answer)
             return keep
         if refuse:
             kind = "invalid_request_error"
@@ -695,12 +889,33 @@ class MockModelServer:
             message = f"mock model server: no scripted reply left (all {len(self._replies)} used)"
             await self._send(writer, 400, _error_body(message, "script_exhausted"))
             return keep
+        counted = tokens if self._window is not None else None
         try:
-            return await self._answer(reply, str(body.get("model", "mock")), keep, reader, writer)
+            return await self._answer(
+                reply, str(body.get("model", "mock")), keep, reader, writer, counted
+            )
         except (_ClientGone, ConnectionError):
             self._client_closes += 1
             self._changed()
             return False
+
+    async def _empty_stream(
+        self, keep: bool, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """HTTP 200, an event-stream content type, and a body that ends without any event."""
+        head = {
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "Cache-Control": "no-cache",
+            "Transfer-Encoding": "chunked",
+        }
+        writer.write(_head(200, head))
+        try:
+            await self._write(writer, reader, None)
+        except (_ClientGone, ConnectionError):
+            self._client_closes += 1
+            self._changed()
+            return False
+        return keep
 
     async def _answer(
         self,
@@ -709,6 +924,7 @@ class MockModelServer:
         keep: bool,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        prompt_tokens: int | None = None,
     ) -> bool:
         if reply.disconnect:
             return False  # the connection closes without an answer
@@ -770,7 +986,7 @@ class MockModelServer:
                 await self._pause(i, delay)
                 await self._write(writer, reader, _data(events[i]))
         await self._pause(len(events), delay)
-        for payload in _closing_events(reply, model, first=not events):
+        for payload in _closing_events(reply, model, first=not events, prompt_tokens=prompt_tokens):
             await self._write(writer, reader, _data(payload))
         await self._write(writer, reader, b"data: [DONE]\n\n")
         await self._write(writer, reader, None)
@@ -867,8 +1083,13 @@ def _content_events(reply: _ServerReply, model: str) -> list[dict[str, Any]]:
     return events
 
 
-def _closing_events(reply: _ServerReply, model: str, *, first: bool) -> list[dict[str, Any]]:
-    """The finish chunk, with usage on it or in a separate empty-choices chunk after it."""
+def _closing_events(
+    reply: _ServerReply, model: str, *, first: bool, prompt_tokens: int | None = None
+) -> list[dict[str, Any]]:
+    """The finish chunk, with usage on it or in a separate empty-choices chunk after it.
+
+    ``prompt_tokens`` (a server with a window) replaces the usage's prompt count with the
+    server's own, and gives a reply without scripted usage one."""
     usage = reply.base.usage
     usage_json = None
     if usage is not None and reply.usage_wire is not None:
@@ -877,6 +1098,22 @@ def _closing_events(reply: _ServerReply, model: str, *, first: bool) -> list[dic
             "total_tokens": reply.usage_wire.get(
                 "total_tokens", usage.prompt_tokens + usage.completion_tokens
             ),
+        }
+    if prompt_tokens is not None:
+        if usage is not None:
+            completion = usage.completion_tokens
+        else:
+            sent = sum(
+                len((c.arguments if isinstance(c, ToolCallDelta) else c.text).encode())
+                for c in reply.base.content()
+                if isinstance(c, ToolCallDelta | TextDelta | ReasoningDelta)
+            )
+            completion = math.ceil(sent / MOCK_BYTES_PER_TOKEN)
+        usage_json = {
+            **(usage_json or {}),
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
         }
     delta: dict[str, Any] = {"role": "assistant"} if first else {"content": ""}
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reply.finish}
@@ -893,8 +1130,9 @@ def _closing_events(reply: _ServerReply, model: str, *, first: bool) -> list[dic
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``andon mock-model --script FILE [--port N] [--host H] [--strict-reasoning]``: serve until
-    SIGINT or SIGTERM (``--strict-reasoning``: see ``strict_reasoning`` of the class).
+    """``andon mock-model --script FILE [--port N] [--host H] [--strict-reasoning]
+    [--context-window N] [--overflow-shape SHAPE]``: serve until SIGINT or SIGTERM (the options
+    are those of the class).
 
     The first line on stdout is the base URL (``http://127.0.0.1:PORT/v1``). Exit status 0 after
     a signal, 2 for a bad script, 1 if the port cannot be bound.
@@ -912,10 +1150,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="answer HTTP 400 like DeepSeek V4 when a tool-using span's reasoning_content is "
         "missing (requests with thinking on)",
     )
+    parser.add_argument(
+        "--context-window",
+        type=int,
+        metavar="N",
+        help="refuse requests over N tokens (the mock's count: JSON bytes / 4)",
+    )
+    parser.add_argument(
+        "--overflow-shape",
+        choices=OVERFLOW_SHAPES,
+        default="openai",
+        help="how a request over the window is refused (default: openai)",
+    )
     args = parser.parse_args(argv)
     try:
         server = MockModelServer.from_file(
-            args.script, host=args.host, port=args.port, strict_reasoning=args.strict_reasoning
+            args.script,
+            host=args.host,
+            port=args.port,
+            strict_reasoning=args.strict_reasoning,
+            context_window=args.context_window,
+            overflow_shape=args.overflow_shape,
         )
     except ConfigError as exc:
         print(f"andon mock-model: {exc}", file=sys.stderr)
