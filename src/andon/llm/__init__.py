@@ -5,6 +5,7 @@ streaming HTTP adapter for DeepSeek and OpenAI-compatible servers, and model spe
 Imports only ``andon.base`` (docs/architecture.md, Layers).
 """
 
+from andon.llm._estimate import TokenEstimator
 from andon.llm._openai import OpenAICompatible
 from andon.llm._overflow import overflow_figures
 from andon.llm._request import build_request_body, reasoning_needed
@@ -63,6 +64,7 @@ __all__ = [
     "ScriptToolCall",
     "Scripted",
     "TextDelta",
+    "TokenEstimator",
     "ToolCallDelta",
     "Usage",
     "abortable_sleep",
