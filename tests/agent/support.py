@@ -13,7 +13,7 @@ from typing import Any
 
 import andon
 from andon.base import GracePolicy, message_id, session_id
-from andon.llm import Scripted
+from andon.llm import Model, Scripted
 from andon.session import (
     FORMAT_VERSION,
     InboxSpliced,
@@ -69,14 +69,14 @@ class Watcher:
 @asynccontextmanager
 async def agent_for(
     folder: Path,
-    replies: Sequence[dict[str, Any]] | Scripted,
+    replies: Sequence[dict[str, Any]] | Model,
     *,
     tools: ToolRegistry | None = None,
     grace: GracePolicy | None = None,
     workers: int = 2,
     **options: Any,
 ) -> AsyncIterator[Agent]:
-    model = replies if isinstance(replies, Scripted) else Scripted(list(replies))
+    model = replies if isinstance(replies, Model) else Scripted(list(replies))
     async with andon.open_agent(
         folder,
         model=model,

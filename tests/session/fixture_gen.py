@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from andon.base import ErrorCode, Hook, ManualClock, User
 from andon.session import (
     Completed,
+    ContextCompacted,
+    ContextTrimmed,
     ReasoningBlock,
     Record,
     SessionLog,
@@ -549,6 +551,58 @@ def repaired_and_resumed(folder: Path) -> None:
     log.close()
 
 
+def compacted(folder: Path) -> None:
+    """Format 2: a long build whose oldest output was stubbed, then whose history was summarised,
+    inside the turn (docs/log-format.md, Compaction)."""
+    sim = Sim()
+    sim.start(format=2)
+    sim.queue("Build the project and run the test suite; fix what fails.", dt=0.2)
+    sim.begin_turn()
+    build_log = "".join(f"cc -c src/m{n:03}.c -o build/m{n:03}.o\n" for n in range(120))
+    for n in range(3):
+        sim.begin_step(sim.claim(first_step=n == 0))
+        if n == 2:
+            sim.emit(ContextTrimmed(("c1-1-1",), 7010, 4020, 8000, 1, 3), 0.004)
+        sim.request()
+        block = _bash(sim.call_id(1), f"make -j2 part{n + 1}", f"call_0{n}_b")
+        sim.stream([block])
+        sim.reply([block], usage={"prompt_tokens": 2100 + 1500 * n, "completion_tokens": 30})
+        sim.tool_call(block)
+        sim.started(block.call_id)
+        sim.result(
+            block.call_id,
+            build_log[:2000] + "\n[exit code 0]",
+            output_bytes=len(build_log),
+            output_file=f"tool-output/{block.call_id}.log",
+            duration=1.5,
+        )
+        sim.end_step()
+    sim.begin_step(sim.claim(first_step=False))
+    sim.emit(
+        ContextCompacted(
+            len(sim.events) - 1,
+            "The user asked to build and test. `make` built parts 1-3 without errors "
+            "(outputs in tool-output/c1-1-1.log … c1-3-1.log). Left: run the test suite.",
+            7,
+            6900,
+            1300,
+            8000,
+            "deepseek-v4-flash",
+            {"prompt_tokens": 5200, "completion_tokens": 64},
+            1,
+            4,
+        ),
+        2.1,
+    )
+    sim.request()
+    blocks = [TextBlock("All three parts build. Running the tests is next.")]
+    sim.stream(blocks)
+    sim.reply(blocks, usage={"prompt_tokens": 1350, "completion_tokens": 14})
+    sim.end_step()
+    sim.end_turn(Completed())
+    write_session(folder, sim)
+
+
 FIXTURE_BUILDERS: dict[str, Callable[[Path], None]] = {
     "complete": complete,
     "cancelled-mid-stream": cancelled_mid_stream,
@@ -560,6 +614,7 @@ FIXTURE_BUILDERS: dict[str, Callable[[Path], None]] = {
     "corrupt-middle": corrupt_middle,
     "cancel-discarded-queue": cancel_discarded_queue,
     "repaired-and-resumed": repaired_and_resumed,
+    "compacted": compacted,
 }
 
 

@@ -91,10 +91,10 @@ class Sim:
 
     # --- session and inbox --------------------------------------------------------------------
 
-    def start(self, cwd: str = "/home/ci/build") -> None:
+    def start(self, cwd: str = "/home/ci/build", format: int = 1) -> None:
         self.emit(
             SessionStart(
-                1, self.session_id, "0.1.0", self.t0, cwd, MODEL, PROMPT, self.pid, self.host
+                format, self.session_id, "0.1.0", self.t0, cwd, MODEL, PROMPT, self.pid, self.host
             ),
             0.0,
         )

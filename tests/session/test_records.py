@@ -149,8 +149,8 @@ def test_unknown_type_is_refused_unless_ignorable() -> None:
 
 def test_unknown_format_is_refused() -> None:
     start = json.loads(EXAMPLES[0])
-    start["data"]["format"] = 2
-    with pytest.raises(LogFormatUnsupported, match="format 2"):
+    start["data"]["format"] = 3
+    with pytest.raises(LogFormatUnsupported, match="format 3"):
         Record.from_dict(start)
 
 

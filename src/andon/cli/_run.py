@@ -55,6 +55,7 @@ EXIT_BLOCKED: Final = 3
 EXIT_MAX_TOKENS: Final = 4
 EXIT_HOOK: Final = 5
 EXIT_NO_WORKER: Final = 6  # no tool worker could be started (docs/ci.md, Exit codes)
+EXIT_TOO_LONG: Final = 7  # the request does not fit the context window, even compacted
 EXIT_EPIPE: Final = 128 + signal.SIGPIPE
 
 
@@ -71,6 +72,8 @@ def exit_code_for(reason: Mapping[str, Any] | None) -> int:
             return EXIT_MAX_TOKENS
         case "aborted" if (reason.get("reason") or {}).get("kind") == "hook":
             return EXIT_HOOK
+        case "error" if (reason.get("error") or {}).get("code") == "CONTEXT_OVERFLOW":
+            return EXIT_TOO_LONG
         case _:
             return EXIT_FAILED
 

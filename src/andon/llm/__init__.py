@@ -27,6 +27,7 @@ from andon.llm._specs import (
     from_spec,
 )
 from andon.llm._types import (
+    SUMMARY_MARKER,
     Chunk,
     Finish,
     FinishReason,
@@ -46,6 +47,7 @@ __all__ = [
     "DEEPSEEK_MODELS",
     "RETRYABLE_CODES",
     "SPEC_FORMS",
+    "SUMMARY_MARKER",
     "Chunk",
     "Finish",
     "FinishReason",

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from andon.base import AbortSignal, FinishReason, ModelError
 
 __all__ = [
+    "SUMMARY_MARKER",
     "Chunk",
     "Finish",
     "FinishReason",
@@ -143,6 +144,12 @@ class ModelRequest:
         # Frozen, so assignment goes through object.__setattr__; callers often hold lists.
         object.__setattr__(self, "messages", tuple(self.messages))
         object.__setattr__(self, "tools", tuple(self.tools))
+
+
+SUMMARY_MARKER: Final = "[andon:compaction-summary-request]"
+"""Opens the one user message of a compaction summary request (docs/agent-loop.md, Compaction):
+a scripted or mock model can tell such a request apart from a step's
+(``andon.testing.MockModelServer``'s ``summaries`` option answers it without using the script)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from andon.session._folds import (
     fold_consumed_work,
     fold_state,
     history,
+    history_entries,
 )
 from andon.session._leftovers import Leftover
 from andon.session._lock import LockHolder, live_holder, read_lock_holder
@@ -38,6 +39,8 @@ from andon.session._records import (
     RECORD_TYPES,
     AssistantChunk,
     AssistantMessage,
+    ContextCompacted,
+    ContextTrimmed,
     EventData,
     InboxSpliced,
     LlmRequest,
@@ -101,6 +104,8 @@ __all__ = [
     "ClosingTexts",
     "Completed",
     "ConsumedWork",
+    "ContextCompacted",
+    "ContextTrimmed",
     "Durability",
     "EventData",
     "ExitStatus",
@@ -149,6 +154,7 @@ __all__ = [
     "fold_consumed_work",
     "fold_state",
     "history",
+    "history_entries",
     "is_temporary",
     "iter_records",
     "kill_in_flight",

@@ -15,6 +15,10 @@
 6. Between turns only ``agent/inbox/spliced``, ``session/*`` and ignorable records appear.
 7. An ``assistant/message`` with ``interrupted: true`` holds only text and reasoning blocks with
    non-whitespace content, never tool calls.
+8. Compaction records (``context/*``) name the open turn and step and come before the step's
+   reply, or, naming neither, stand between turns. ``context/trimmed`` names only calls answered
+   in an earlier step; ``context/compacted`` cuts at a ``step/start`` later than the previous
+   compaction and before itself.
 
 A live session may end with one open turn and step (``live=True``); a cold, repaired log may not.
 """
@@ -30,6 +34,8 @@ from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
     AssistantMessage,
+    ContextCompacted,
+    ContextTrimmed,
     InboxSpliced,
     LlmRequest,
     LlmRetry,
@@ -93,6 +99,9 @@ class _Checker:
         self.step: _Step | None = None
         self.call_ids: set[str] = set()
         self.last_seq = -1
+        self.step_starts: set[int] = set()  # seqs of step/start records: compaction's cut points
+        self.closed_calls: set[str] = set()  # calls answered in a step that has ended
+        self.last_compaction = -1
 
     def bad(self, seq: int, rule: int, message: str) -> None:
         self.out.append(InvariantViolation(seq, rule, message))
@@ -142,8 +151,51 @@ class _Checker:
                     self._result(seq, data)
             case UserMessageEntered() | LlmRequest() | LlmRetry() | AssistantChunk():
                 self._in_step(r, data.turn, data.step)
+            case ContextTrimmed() | ContextCompacted():
+                self._context(r, data)
             case _:
                 assert_never(data)
+
+    # --- 8: compaction ------------------------------------------------------------------------
+
+    def _context(self, r: Record, data: ContextTrimmed | ContextCompacted) -> None:
+        seq = r.seq
+        if data.turn is None and data.step is None:
+            if self.turn is not None:
+                self.bad(
+                    seq,
+                    8,
+                    f"{r.type} names no step while turn {self.turn} is open; inside a "
+                    "turn it names the open turn and step",
+                )
+        elif data.turn is None or data.step is None:
+            self.bad(seq, 8, f"{r.type} names a turn or a step without the other")
+        elif self._in_step(r, data.turn, data.step):
+            assert self.step is not None
+            if self.step.replied:
+                self.bad(seq, 8, f"{r.type} after the step's reply; compaction comes before it")
+        if isinstance(data, ContextTrimmed):
+            for call_id in data.calls:
+                if call_id not in self.closed_calls:
+                    self.bad(
+                        seq, 8, f"context/trimmed names {call_id}, which no earlier step answered"
+                    )
+            return
+        if data.kept_from not in self.step_starts or data.kept_from >= seq:
+            self.bad(
+                seq,
+                8,
+                f"context/compacted keeps from seq {data.kept_from}, which is no earlier "
+                "step/start",
+            )
+        elif data.kept_from <= self.last_compaction:
+            self.bad(
+                seq,
+                8,
+                f"context/compacted keeps from seq {data.kept_from}, before the previous "
+                f"compaction (seq {self.last_compaction}) which it would undo",
+            )
+        self.last_compaction = seq
 
     # --- 1, 6: session records ----------------------------------------------------------------
 
@@ -220,6 +272,7 @@ class _Checker:
             )
         self.last_step = max(self.last_step, s)
         self.step = _Step(self.turn, s, seq)
+        self.step_starts.add(seq)
 
     def _step_end(self, seq: int, t: int, s: int) -> None:
         if self.step is None:
@@ -250,6 +303,7 @@ class _Checker:
                     f"the reply in step {name} asked for tool call {call_id}, but the "
                     "step ends without a tool/result for it",
                 )
+        self.closed_calls.update(step.answered)
         self.step = None
 
     # --- 4, 6: records that belong to a step ----------------------------------------------------

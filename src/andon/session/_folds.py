@@ -16,6 +16,8 @@ from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
     AssistantMessage,
+    ContextCompacted,
+    ContextTrimmed,
     InboxSpliced,
     LlmRequest,
     LlmRetry,
@@ -47,7 +49,17 @@ from andon.session._values import (
     UserMessage,
 )
 
-__all__ = ["ConsumedWork", "SessionState", "fold_consumed_work", "fold_state", "history"]
+__all__ = [
+    "SUMMARY_HEADER",
+    "ConsumedWork",
+    "SessionState",
+    "fold_consumed_work",
+    "fold_state",
+    "history",
+    "history_entries",
+    "summary_message",
+    "trimmed_stub",
+]
 
 Events = Iterable[Record | Mapping[str, Any]]
 
@@ -61,21 +73,22 @@ class _StepBuffer:
     A reply's tool calls are kept only if their result is in the step, and a result only if a
     reply of the step asked for it: the history is then always a valid request (no call without a
     result, no result without a call), even for a live step whose results are still coming.
+    Every item carries the ``seq`` of the record it comes from (compaction cuts by it).
     """
 
     __slots__ = ("items", "results")
 
     def __init__(self) -> None:
-        self.items: list[dict[str, Any] | AssistantReply] = []
-        self.results: dict[str, dict[str, Any]] = {}
+        self.items: list[tuple[int, dict[str, Any] | AssistantReply]] = []
+        self.results: dict[str, tuple[int, dict[str, Any]]] = {}
 
-    def flush(self, out: list[dict[str, Any]]) -> None:
+    def flush(self, out: list[tuple[int, dict[str, Any]]]) -> None:
         if not self.items and not self.results:
             return
         used: set[str] = set()
-        for item in self.items:
+        for seq, item in self.items:
             if isinstance(item, dict):
-                out.append(item)
+                out.append((seq, item))
                 continue
             calls = [
                 c for c in item.tool_calls if c.call_id in self.results and c.call_id not in used
@@ -96,7 +109,7 @@ class _StepBuffer:
             # On every assistant message, "" when it had none: the model adapter decides what to
             # send back (DeepSeek thinking mode needs it on every message of a tool-using span).
             message["reasoning_content"] = item.reasoning or ""
-            out.append(message)
+            out.append((seq, message))
             for c in calls:
                 used.add(c.call_id)
                 out.append(self.results[c.call_id])
@@ -104,29 +117,69 @@ class _StepBuffer:
         self.results.clear()
 
 
-def history(events: Events) -> list[dict[str, Any]]:
-    """The model-visible conversation as OpenAI chat messages (plain dicts).
+SUMMARY_HEADER = (
+    "[andon: the conversation between the first message and this point was compacted to fit the "
+    "model's context window. A summary of it follows.]"
+)
+"""How a compaction summary is introduced to the model (docs/agent-loop.md, Compaction)."""
 
-    ``user/message`` → ``{"role": "user", "content"}``; ``assistant/message`` (interrupted prefixes
-    included) → ``{"role": "assistant", "content": str | None, "tool_calls"?,
-    "reasoning_content": str}`` (``""`` when the reply had no reasoning), left out when it has
-    neither text nor tool calls; ``tool/result`` →
-    ``{"role": "tool", "tool_call_id", "content"}``. No system message: the adapter adds the system
-    prompt in force. The result is always a valid request.
-    """
-    out: list[dict[str, Any]] = []
+
+def trimmed_stub(result: ToolResult) -> str:
+    """The one line a trimmed tool result shows the model instead of its content: where the full
+    output is. Tools run with ``$ANDON_SESSION`` set to the session folder, so the model can read
+    the file with the tools it has."""
+    size = result.output_bytes if result.output_bytes is not None else len(result.content)
+    if result.output_file is not None:
+        where = f"the full output is in $ANDON_SESSION/{result.output_file}"
+    else:
+        where = "the session log keeps it"
+    return (
+        f"[andon: this output of call {result.call_id} ({size} bytes) was removed to fit the "
+        f"model's context window; {where}]"
+    )
+
+
+def summary_message(summary: str) -> dict[str, Any]:
+    """The user message a compaction summary becomes in the history."""
+    return {"role": "user", "content": f"{SUMMARY_HEADER}\n\n{summary}"}
+
+
+def history_entries(events: Events) -> list[tuple[int, dict[str, Any]]]:
+    """:func:`history` with the ``seq`` of the record each message comes from (a summary's is its
+    ``context/compacted`` record's). The compaction policy chooses its cut points by them."""
+    out: list[tuple[int, dict[str, Any]]] = []
     step = _StepBuffer()
+    first_user: tuple[int, dict[str, Any]] | None = None
+    stubs: dict[str, str] = {}  # call id -> its stub, for a later context/trimmed
     for record in as_records(without_live_only(events)):
         data = record.data
         match data:
             case UserMessageEntered(message=message):
-                step.items.append({"role": "user", "content": message.content})
+                said: dict[str, Any] = {"role": "user", "content": message.content}
+                if first_user is None:
+                    first_user = (record.seq, said)
+                step.items.append((record.seq, said))
             case AssistantMessage(message=reply):
-                step.items.append(reply)
+                step.items.append((record.seq, reply))
             case ToolResult(call_id=call_id, content=content):
-                step.results.setdefault(
-                    call_id, {"role": "tool", "tool_call_id": call_id, "content": content}
-                )
+                if call_id not in step.results:
+                    answer = {"role": "tool", "tool_call_id": call_id, "content": content}
+                    step.results[call_id] = (record.seq, answer)
+                    stubs[call_id] = trimmed_stub(data)
+            case ContextTrimmed(calls=calls):
+                step.flush(out)
+                trimmed = set(calls)
+                out = [
+                    (seq, {**m, "content": stubs[m["tool_call_id"]]})
+                    if m.get("role") == "tool" and m.get("tool_call_id") in trimmed
+                    else (seq, m)
+                    for seq, m in out
+                ]
+            case ContextCompacted(kept_from=kept_from, summary=summary):
+                step.flush(out)
+                kept = [(seq, m) for seq, m in out if seq >= kept_from and (seq, m) != first_user]
+                head = [first_user] if first_user is not None else []
+                out = [*head, (record.seq, summary_message(summary)), *kept]
             case StepStart() | StepEnd() | TurnStart() | TurnEnd():
                 step.flush(out)
             case (
@@ -147,6 +200,22 @@ def history(events: Events) -> list[dict[str, Any]]:
                 assert_never(data)
     step.flush(out)
     return out
+
+
+def history(events: Events) -> list[dict[str, Any]]:
+    """The model-visible conversation as OpenAI chat messages (plain dicts).
+
+    ``user/message`` → ``{"role": "user", "content"}``; ``assistant/message`` (interrupted prefixes
+    included) → ``{"role": "assistant", "content": str | None, "tool_calls"?,
+    "reasoning_content": str}`` (``""`` when the reply had no reasoning), left out when it has
+    neither text nor tool calls; ``tool/result`` →
+    ``{"role": "tool", "tool_call_id", "content"}``. Compaction applies as the log recorded it:
+    after ``context/trimmed`` the named results read as a one-line stub, and after
+    ``context/compacted`` everything before its cut but the first user message reads as one
+    summary message. No system message: the adapter adds the system prompt in force. The result
+    is always a valid request.
+    """
+    return [message for _, message in history_entries(events)]
 
 
 # --- consumed work ------------------------------------------------------------------------------
@@ -216,6 +285,8 @@ def fold_consumed_work(events: Events) -> ConsumedWork:
                 | ToolStarted()
                 | ToolSignal()
                 | ToolResult()
+                | ContextTrimmed()
+                | ContextCompacted()
                 | Unrecognized()
             ):
                 pass
@@ -291,6 +362,8 @@ def fold_state(events: Events) -> SessionState:
                 | ToolStarted()
                 | ToolSignal()
                 | ToolResult()
+                | ContextTrimmed()
+                | ContextCompacted()
                 | Unrecognized()
             ):
                 pass

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeAlias
 
 from andon.base import LogFormatUnsupported, catch_all
+from andon.session._context_events import ContextCompacted, ContextTrimmed
 from andon.session._events import (
     AssistantChunk,
     AssistantMessage,
@@ -42,6 +43,8 @@ __all__ = [
     "FORMAT_VERSION",
     "AssistantChunk",
     "AssistantMessage",
+    "ContextCompacted",
+    "ContextTrimmed",
     "EventData",
     "InboxSpliced",
     "LlmRequest",
@@ -64,10 +67,13 @@ __all__ = [
     "encode_line",
 ]
 
-FORMAT_VERSION = 1
-"""The ``format`` this version writes into ``session/start`` and the only one it reads."""
+FORMAT_VERSION = 2
+"""The ``format`` this version writes into ``session/start``. Format 2 added the compaction
+records (``context/*``): an andon that reads format 1 only would rebuild a compacted history
+wrongly, so it must refuse such a log rather than skip its records."""
 
-SUPPORTED_FORMATS = frozenset({FORMAT_VERSION})
+SUPPORTED_FORMATS = frozenset({1, FORMAT_VERSION})
+"""Every format this version reads: a format 1 log is a format 2 log without compaction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,8 @@ EventData: TypeAlias = (
     | ToolStarted
     | ToolSignal
     | ToolResult
+    | ContextTrimmed
+    | ContextCompacted
     | Unrecognized
 )
 
@@ -120,6 +128,8 @@ _KNOWN: tuple[type[RecordData], ...] = (
     ToolStarted,
     ToolSignal,
     ToolResult,
+    ContextTrimmed,
+    ContextCompacted,
 )
 _CLASSES: dict[str, type[RecordData]] = {c.record_type: c for c in _KNOWN}
 
@@ -209,8 +219,8 @@ class Record:
             data = typing.cast(EventData, known.from_json(line.data, f"{where} ({type_}) data"))
             if isinstance(data, SessionStart) and data.format not in SUPPORTED_FORMATS:
                 raise LogFormatUnsupported(
-                    f"the session log has format {data.format}; this version of andon reads format "
-                    f"{FORMAT_VERSION} only",
+                    f"the session log has format {data.format}; this version of andon reads "
+                    f"formats {', '.join(map(str, sorted(SUPPORTED_FORMATS)))}",
                     session=session,
                     seq=line.seq,
                     record_type=type_,

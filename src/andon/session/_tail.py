@@ -24,6 +24,8 @@ from andon.base import ErrorCode
 from andon.session._records import (
     AssistantChunk,
     AssistantMessage,
+    ContextCompacted,
+    ContextTrimmed,
     EventData,
     InboxSpliced,
     LlmRequest,
@@ -196,6 +198,8 @@ class Tail:
                 | LlmRetry()
                 | AssistantChunk()
                 | ToolSignal()
+                | ContextTrimmed()
+                | ContextCompacted()
                 | Unrecognized()
             ):
                 pass

@@ -11,6 +11,8 @@ from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
     AssistantMessage,
+    ContextCompacted,
+    ContextTrimmed,
     InboxSpliced,
     LlmRequest,
     LlmRetry,
@@ -156,6 +158,20 @@ class _Render:
                 self.add(f"      {signame} at +{at:.2f}s to {_plural(targets, 'process')}")
             case ToolResult():
                 self._result(data, repair)
+            case ContextTrimmed(calls=calls, tokens_before=before, tokens_after=after):
+                pad = "    " if data.step is not None else "  "
+                self.add(
+                    f"{pad}context trimmed: {_plural(len(calls), 'older tool output')} now shown "
+                    f"as a stub (~{before} → ~{after} tokens of a {data.window}-token window)"
+                )
+            case ContextCompacted():
+                pad = "    " if data.step is not None else "  "
+                self.add(
+                    f"{pad}context compacted: {_plural(data.replaced, 'earlier message')} "
+                    f"summarised by {data.model} (~{data.tokens_before} → ~{data.tokens_after} "
+                    f"tokens of a {data.window}-token window)"
+                )
+                self.lines.extend(_indent(data.summary, f"{pad}  summary: "))
             case Unrecognized(record_type=record_type):
                 self.add(f"    ({record_type}: a record of a newer andon, skipped)")
             case _:

@@ -50,7 +50,7 @@ from andon.base import (
     clean_text,
     message_id,
 )
-from andon.llm import Model
+from andon.llm import Model, TokenEstimator
 from andon.session import (
     Completed,
     MaxTokens,
@@ -59,9 +59,9 @@ from andon.session import (
     SessionStart,
     TurnStart,
     UserMessage,
-    history,
     iter_records,
 )
+from andon.supervisor._context import ContextKeeper
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec, OnRequestError, TurnBudget
 from andon.supervisor._host import LogPort, TurnHost
@@ -142,7 +142,12 @@ class Agent:
         clock: Clock | None = None,
         next_turn: Sequence[UserMessage] = (),
         next_step: Sequence[UserMessage] = (),
+        context_window: int | None = None,
     ) -> None:
+        if context_window is not None and (type(context_window) is not int or context_window < 1):
+            raise ConfigError(
+                f"context_window must be a positive number of tokens, not {context_window!r}"
+            )
         if sum(isinstance(h, OnRequestError) for h in hooks) > 1:
             raise ConfigError(
                 "at most one OnRequestError hook: it replaces the model adapter's retry decision, "
@@ -179,6 +184,15 @@ class Agent:
         # The session's running token totals: the two base counts always, each optional count
         # (``_EXTRA_USAGE``) from the first reply that reported it on.
         self.usage: dict[str, int] = dict.fromkeys(_BASE_USAGE, 0)
+        self._context = ContextKeeper(
+            window=context_window,
+            estimator=TokenEstimator(),
+            model=model,
+            records=lambda: self._records,
+            system=lambda: self._system_prompt,
+            write=self._write,
+            on_usage=self._add_usage,
+        )
         self.turns_run = 0
         self.tool_calls = 0
 
@@ -390,6 +404,7 @@ class Agent:
             max_parallel=self._max_parallel,
             open_child=self._open_child,
             request_messages=self._request_messages,
+            context=self._context,
             on_step=self._on_step,
             on_usage=self._add_usage,
             on_error=self._report_error,
@@ -470,7 +485,7 @@ class Agent:
             raise
 
     def _request_messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self._system_prompt}, *history(self._records)]
+        return self._context.messages()
 
     def _open_child(
         self,

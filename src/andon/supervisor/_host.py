@@ -6,7 +6,7 @@ The :class:`~andon.supervisor.Agent` builds a :class:`TurnHost` for each turn. T
 a turn may touch is a field here, so what a turn can do to its agent is read in one place, and the
 agent's private state stays private. Layering inside the supervisor is then one-way::
 
-    _host  <-  _turn, _subagent  <-  _agent  <-  _open
+    _context  <-  _host  <-  _turn, _subagent  <-  _agent  <-  _open
 
 A host is frozen and per turn: a stale host held by a timer or a hook of an earlier turn reaches
 only that turn's controller.
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from andon.base import AbortController, Cause, Clock
 from andon.llm import Model
 from andon.session import EventData, Record, SessionLog
+from andon.supervisor._context import ContextKeeper
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
 from andon.supervisor._inbox import Inbox
@@ -98,6 +99,8 @@ class TurnHost:
     open_child: ChildFactory
     # The model-visible request: the system prompt and the folded history, built at call time.
     request_messages: Callable[[], list[dict[str, Any]]]
+    # The context window: compaction before a request, calibration after it.
+    context: ContextKeeper
     # The agent's bookkeeping at a step start (phase step, step budgets) and after a reply.
     on_step: Callable[[int], None]
     on_usage: Callable[[dict[str, Any] | None], None]

@@ -97,6 +97,7 @@ async def open_agent(
     workers: WorkerPool | None = None,
     session_id: str | None = None,
     launcher: WorkerLauncher | None = None,
+    context_window: int | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
@@ -111,6 +112,9 @@ async def open_agent(
 
     ``launcher`` starts the pool's workers somewhere else than as local forks (a
     :class:`ContainerLauncher`, a :class:`CommandLauncher`); ignored with ``workers``.
+
+    ``context_window`` is the model's context window in tokens (None: unknown); requests are
+    kept within it by compaction (docs/agent-loop.md, Compaction).
 
     ``session_id`` is the id a new session's ``session/start`` records (default: a fresh one); the
     CLI names the session folder after it. It is ignored when an existing session is resumed.
@@ -198,6 +202,7 @@ async def open_agent(
                 clock=clock,
                 next_turn=next_turn,
                 next_step=next_step,
+                context_window=context_window,
             )
             # The caller's own exception must leave this block as it came in: a TaskGroup would
             # wrap it in an ExceptionGroup, so it is held across the group's exit, then re-raised.

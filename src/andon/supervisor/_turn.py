@@ -100,6 +100,17 @@ class _StepOutcome:
 
 
 @dataclass
+class _Attempts:
+    """A step's model requests: how many went out (``llm/request`` numbers them on, across a
+    retry after compaction), whether any data streamed, and whether the step compacted after a
+    refusal already (once only)."""
+
+    count: int = 0
+    streamed: bool = False
+    compacted: bool = False
+
+
+@dataclass
 class _Call:
     call_id: str
     name: str
@@ -216,12 +227,38 @@ class _Turn:
 
     async def _step(self) -> _StepOutcome:
         host, signal, turn, step = self.host, self.signal, self.turn, self.step
-        request = ModelRequest(
-            messages=tuple(host.request_messages()), tools=tuple(host.registry.openai_schemas())
-        )
+        tools = tuple(host.registry.openai_schemas())
+        # Compaction, before the request is built: the step's user messages are in the history
+        # already, and a cancel here aborts it like any step (docs/agent-loop.md, Compaction).
+        await host.context.fit(signal, tools, turn=turn, step=step)
+        signal.throw_if_aborted()
+        attempts = _Attempts()
+        while True:
+            request = ModelRequest(messages=tuple(host.request_messages()), tools=tools)
+            try:
+                reply = await self._reply(request, attempts)
+            except ModelError as e:
+                if signal.aborted or attempts.streamed or not host.context.is_overflow(e, request):
+                    raise
+                if attempts.compacted:
+                    raise host.context.too_long(request, e) from None
+                # Too long for the window: compact (forced) and send it once more.
+                attempts.compacted = True
+                self.write(LlmRetry(turn, step, attempts.count, _detail(e), 0.0))
+                if not await host.context.fit(signal, tools, turn=turn, step=step, overflow=e):
+                    raise host.context.too_long(request, e) from None
+                signal.throw_if_aborted()
+                continue
+            host.context.observe(request, reply.usage)
+            return await self._commit(reply)
+
+    async def _reply(self, request: ModelRequest, attempts: _Attempts) -> Reply:
+        """Stream one reply to ``request``; ``attempts`` counts this step's requests on."""
+        host, signal, turn, step = self.host, self.signal, self.turn, self.step
         model_name = host.model.info.name
         reply = Reply()
         chunks = ChunkLog(host, turn, step)
+        base = attempts.count
 
         async def on_attempt(n: int, error: ModelError | None, delay: float | None) -> None:
             nonlocal reply
@@ -230,12 +267,10 @@ class _Turn:
             # never overtake a delta that was shown.
             chunks.close()
             if n > 1 and error is not None:
-                detail: dict[str, Any] = {"code": error.code.value, "message": error.message}
-                if error.status is not None:
-                    detail["status"] = error.status
-                self.write(LlmRetry(turn, step, n - 1, detail, float(delay or 0.0)))
-            self.write(LlmRequest(turn, step, n, model_name))
-            chunks.attempt = n
+                self.write(LlmRetry(turn, step, base + n - 1, _detail(error), float(delay or 0.0)))
+            attempts.count = base + n
+            self.write(LlmRequest(turn, step, attempts.count, model_name))
+            chunks.attempt = attempts.count
             reply = Reply()  # retries happen only before any data: start the reply afresh
             await host.log.barrier()  # durable before each model request
             signal.throw_if_aborted()
@@ -246,6 +281,7 @@ class _Turn:
                 signal.throw_if_aborted()
                 delta = reply.add(chunk)
                 if delta is not None:
+                    attempts.streamed = True
                     chunks.add(delta)
             chunks.close()  # the stream's deltas are logged before anything that follows them
             signal.throw_if_aborted()  # right after the stream ends, too
@@ -256,7 +292,7 @@ class _Turn:
             if signal.aborted:
                 self._salvage(reply)
             raise
-        return await self._commit(reply)
+        return reply
 
     def _stream(self, request: ModelRequest, on_attempt: OnAttempt) -> AsyncIterator[Chunk]:
         """The model's stream; an ``OnRequestError`` hook, if any, makes the retry decisions."""
@@ -338,6 +374,14 @@ class _Turn:
             return _StepOutcome()
         await _Scheduler(self, calls).run()
         return _StepOutcome(continuation=True)
+
+
+def _detail(error: ModelError) -> dict[str, Any]:
+    """A model error as ``llm/retry`` records it."""
+    detail: dict[str, Any] = {"code": error.code.value, "message": error.message}
+    if error.status is not None:
+        detail["status"] = error.status
+    return detail
 
 
 class _InternalToolFailure(Exception):

@@ -45,7 +45,14 @@ from typing import Any, Final, Literal
 import yaml
 
 from andon.base import ConfigError, ScriptInvalid
-from andon.llm import ReasoningDelta, ScriptParser, ScriptReply, TextDelta, ToolCallDelta
+from andon.llm import (
+    SUMMARY_MARKER,
+    ReasoningDelta,
+    ScriptParser,
+    ScriptReply,
+    TextDelta,
+    ToolCallDelta,
+)
 
 __all__ = [
     "OVERFLOW_SHAPES",
@@ -100,9 +107,6 @@ OVERFLOW_SHAPES: Final[tuple[str, ...]] = (
 )
 """How the mock answers a request over its ``context_window`` (see :class:`MockModelServer`)."""
 
-SUMMARY_MARKER: Final = "[andon:compaction-summary-request]"
-"""A request whose last message contains this string is a summary request: a mock server given
-``summaries`` answers it with that text instead of the next scripted reply."""
 
 MOCK_BYTES_PER_TOKEN: Final = 4
 """The mock's one token rule: see :func:`mock_prompt_tokens`."""

@@ -1,0 +1,68 @@
+"""Compaction keeps every request within the model's context window (docs/agent-loop.md,
+Compaction): against a real HTTP server that refuses any request over its window in each
+provider's shape, a long job completes, the log checks, and the history rebuilds what was sent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from andon.llm import SUMMARY_MARKER, OpenAICompatible, from_spec
+from andon.session import history, read
+from andon.testing import MockModelServer
+from tests.agent.support import agent_for, assert_sound, records
+
+SUMMARY = "Summary: the job printed blocks of text; nothing failed so far."
+
+
+def printing_job(steps: int, size: int) -> list[dict[str, Any]]:
+    """``steps`` bash calls each printing ``size`` bytes, then a final answer."""
+    command = f"printf '%{size}s' | tr ' ' a"
+    replies: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]} for _ in range(steps)
+    ]
+    replies.append({"text": "done"})
+    return replies
+
+
+def sent(server: MockModelServer) -> list[dict[str, Any]]:
+    """The step requests the server answered (summary requests left out)."""
+    out = []
+    for request in server.requests:
+        messages = request.body["messages"]
+        if SUMMARY_MARKER not in json.dumps(messages[-1]):
+            out.append(request.body)
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "shape", ["openai", "deepseek", "vllm", "llamacpp", "llama-cpp-python", "empty-stream"]
+)
+async def test_a_long_job_completes_within_the_window(tmp_path: Path, shape: str) -> None:
+    async with MockModelServer(
+        printing_job(40, 6000), context_window=8000, overflow_shape=shape, summaries=SUMMARY
+    ) as server:
+        model = from_spec(f"{server.base_url}#mock")
+        assert isinstance(model, OpenAICompatible)
+        try:
+            async with agent_for(tmp_path, model, context_window=8000) as agent:
+                agent.followup("print forty blocks")
+                await agent.when_idle()
+        finally:
+            await model.aclose()
+        assert server.overflows == 0, f"{server.overflows} requests went over the window"
+        assert server.largest_prompt_tokens <= 8000
+    log = records(tmp_path)
+    assert [r["data"]["reason"]["kind"] for r in log if r["type"] == "turn/end"] == ["completed"]
+    types = [r["type"] for r in log]
+    assert "context/trimmed" in types and "context/compacted" in types
+    assert_sound(tmp_path)
+    # The history the log rebuilds is the last request's, message for message (and the reply).
+    last = sent(server)[-1]["messages"]
+    rebuilt = history(read(tmp_path))
+    assert [m.get("content") for m in last[1:]] == [m.get("content") for m in rebuilt[:-1]]
+    assert rebuilt[-1]["content"] == "done"
