@@ -7,6 +7,7 @@ one in-process agent on an OpenAI-provider model to see the parameter on every s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 import andon
-from andon.base import GracePolicy
+from andon.base import GracePolicy, message_id
 from andon.cli._structured import (
     Answer,
     Mismatch,
@@ -22,7 +23,8 @@ from andon.cli._structured import (
     check_answer,
     load_output_schema,
 )
-from andon.llm import OpenAICompatible
+from andon.llm import OpenAICompatible, Scripted
+from andon.session import InboxSpliced, SessionLog, UserMessage
 from andon.testing import MockModelServer
 from tests.cli.support import env, records, run
 from tests.cli.test_json_schema import assert_every_line_valid
@@ -268,3 +270,64 @@ def test_only_a_json_fence_is_forgiven(tmp_path: Path) -> None:
         assert isinstance(check_answer(schema, text), Mismatch), text
     nan = check_answer(schema, '{"verdict": "pass", "failures": NaN}')
     assert isinstance(nan, Mismatch) and "NaN is not a JSON value" in nan.problem
+
+
+def test_resume_asks_for_the_json_answer_too_and_the_log_shows_who_asked(tmp_path: Path) -> None:
+    schema = schema_file(tmp_path)
+    out = tmp_path / "answer.json"
+    replies = [
+        {"text": "The tests pass."},  # the first run: no schema
+        {"text": "They pass."},  # the resume: not JSON
+        {"text": '{"verdict": "pass", "failures": 0}'},
+    ]
+    with MockModelServer(replies) as server:
+        first = job(tmp_path, server)
+        assert first.returncode == 0, first.stderr
+        (session,) = sessions(tmp_path)
+        result = run(
+            "resume", "--json", "--output-schema", str(schema), "-o", str(out), str(session),
+            "Give the verdict.", cwd=tmp_path, environ=home(tmp_path),
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["output"] == {
+        "verdict": "pass",
+        "failures": 0,
+    }
+    assert json.loads(out.read_text()) == {"verdict": "pass", "failures": 0}
+    sources = [m["source"] for m in user_messages(session)]
+    assert sources == ["user", "user", "output-schema"]
+    transcript = run("log", str(session), cwd=tmp_path).stdout
+    assert "user (output-schema): Your final answer did not match" in transcript
+
+
+async def test_a_resume_without_a_prompt_asks_for_the_json_in_a_turn_of_its_own(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "session"
+    async with andon.open_agent(
+        folder,
+        model=Scripted([]),
+        pool=andon.WorkerPoolConfig(size=1, containment="subreaper"),
+    ):
+        pass
+    with SessionLog.open(folder) as log:  # a follow-up queued, never run: the resume wakes it
+        queued = UserMessage(message_id(), "Run the tests.")
+        log.append(InboxSpliced(target="next-turn", start=0, inserted=(queued,)))
+    schema = schema_file(tmp_path)
+    replies = [{"text": "They pass."}, {"text": '{"verdict": "pass", "failures": 0}'}]
+    with MockModelServer(replies) as server:
+        result = await asyncio.to_thread(
+            run, "resume", "--json", "--model", f"{server.base_url}#mock", "--output-schema",
+            str(schema), str(folder), cwd=tmp_path, environ=home(tmp_path),
+        )  # fmt: skip
+        bodies = [r.body for r in server.requests]
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["output"] == {
+        "verdict": "pass",
+        "failures": 0,
+    }
+    assert [(m["source"], m["content"][:14]) for m in user_messages(folder)] == [
+        ("user", "Run the tests."),
+        ("output-schema", "Output format:"),
+    ]
+    assert json.dumps(VERDICT) in bodies[-1]["messages"][-1]["content"]

@@ -339,13 +339,13 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
                 signals.agent = agent
                 schema = job.output_schema
                 if job.prompt is not None:
-                    wanted = "" if schema is None else instructions(schema)
+                    wanted = "" if schema is None else f"\n\n---\n{instructions(schema)}"
                     agent.followup(job.prompt + wanted)
                 else:
                     # Resume without a prompt: the inbox holds work (checked before the loop).
                     agent.wake()
                     if schema is not None:  # its messages are logged: the request is a turn
-                        agent.followup(instructions(schema).lstrip(), source="output-schema")
+                        agent.followup(instructions(schema), source="output-schema")
                 if await _idle(agent, outcome):
                     await _conclude(job, agent, out, signals, outcome)
             outcome.usage = dict(agent.usage)

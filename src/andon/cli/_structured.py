@@ -159,10 +159,11 @@ def load_output_schema(path: str) -> OutputSchema:
 
 
 def instructions(schema: OutputSchema) -> str:
-    """What the prompt of a run with ``--output-schema`` ends with."""
+    """What a run with ``--output-schema`` asks the model for (after its prompt, or as a message
+    of its own)."""
     text = json.dumps(schema.schema, ensure_ascii=False)
     return (
-        "\n\n---\nOutput format: use the tools as the task needs. When you are done, your final "
+        "Output format: use the tools as the task needs. When you are done, your final "
         "answer must be a single JSON value that matches the JSON Schema below. Answer with only "
         "the JSON: no text before or after it, no Markdown.\n\n"
         f"```json\n{text}\n```\n"
