@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,16 @@ from andon.cli._structured import (
 from andon.llm import OpenAICompatible, Scripted
 from andon.session import InboxSpliced, SessionLog, UserMessage
 from andon.testing import MockModelServer
-from tests.cli.support import env, records, run
+from tests.cli.support import (
+    LONG,
+    env,
+    finish,
+    is_tool_output,
+    read_until,
+    records,
+    run,
+    start,
+)
 from tests.cli.test_json_schema import assert_every_line_valid
 
 VERDICT = {
@@ -331,3 +342,47 @@ async def test_a_resume_without_a_prompt_asks_for_the_json_in_a_turn_of_its_own(
         ("output-schema", "Output format:"),
     ]
     assert json.dumps(VERDICT) in bodies[-1]["messages"][-1]["content"]
+
+
+def test_a_sigint_during_the_retry_turn_exits_130_and_writes_nothing(tmp_path: Path) -> None:
+    schema = schema_file(tmp_path)
+    out = tmp_path / "answer.json"
+    long_step: dict[str, Any] = {
+        "text": "Checking again.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": LONG}}],
+    }
+    replies = [{"text": "All pass."}, long_step, {"text": "Stopped."}]
+    with MockModelServer(replies) as server:
+        proc = start(
+            "run", "--json", "--model", f"{server.base_url}#mock", "--output-schema", str(schema),
+            "-o", str(out), "Run the tests.", cwd=tmp_path, environ=home(tmp_path),
+        )  # fmt: skip
+        read_until(proc, is_tool_output)  # the retry turn's tool runs
+        os.killpg(proc.pid, signal.SIGINT)
+        code, events, err = finish(proc)
+    assert code == 130, err
+    summary = events[-1]
+    assert summary["turns"] == 2 and summary["ended"]["kind"] == "aborted"
+    assert "output" not in summary and "failure" not in summary
+    assert "did not match" not in err
+    assert not out.exists()
+
+
+def test_an_output_file_that_cannot_be_written_at_the_end_is_one_line_and_exit_1(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    out = folder / "last.txt"
+    remove: dict[str, Any] = {
+        "text": "Cleaning.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": f"rm -r {folder}"}}],
+    }
+    with MockModelServer([remove, {"text": "Clean."}]) as server:
+        result = job(tmp_path, server, "-o", str(out))
+    assert result.returncode == 1, result.stderr
+    line = f"andon: cannot write --output-last-message {out}: No such file or directory"
+    assert line in result.stderr.splitlines(), result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["exit_code"] == 1 and summary["failure"] == line.removeprefix("andon: ")
+    assert summary["final_text"] == "Clean."
