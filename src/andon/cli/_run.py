@@ -346,7 +346,8 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
                     agent.wake()
                     if schema is not None:  # its messages are logged: the request is a turn
                         agent.followup(instructions(schema), source="output-schema")
-                if await _idle(agent, outcome):
+                wants_answer = schema is not None or job.output_file is not None
+                if await _idle(agent, outcome) and wants_answer:  # else: no log read at the end
                     await _conclude(job, agent, out, signals, outcome)
             outcome.usage = dict(agent.usage)
 
