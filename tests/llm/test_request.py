@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from andon.llm import ModelRequest, build_request_body, reasoning_needed
+from andon.llm import ModelRequest, ResponseSchema, build_request_body, reasoning_needed
 
 SYSTEM = {"role": "system", "content": "You are a careful build engineer."}
 TOOLS = (
@@ -164,6 +164,27 @@ def test_openai_gets_max_completion_tokens_and_empty_tools_are_left_out() -> Non
         ModelRequest(messages=(user("hi"),)), model="m", provider="x", thinking=None
     )
     assert "max_tokens" not in unbounded
+
+
+VERDICT = ResponseSchema("verdict", {"type": "object", "required": ["verdict"]})
+
+
+def test_a_response_schema_is_openais_json_schema_format_and_nobody_elses() -> None:
+    request = ModelRequest(messages=(user("Say it"),), tools=TOOLS, response_schema=VERDICT)
+    body = build_request_body(request, model="gpt-4.1", provider="openai", thinking=None)
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "verdict",
+            "schema": {"type": "object", "required": ["verdict"]},
+            "strict": False,
+        },
+    }
+    assert body["tools"] == [dict(t) for t in TOOLS]  # the tools stay: tool steps go on
+    # DeepSeek's json_object and a generic server's json_schema would force JSON on tool steps.
+    for provider, thinking in (("deepseek", True), ("openai-compatible", None)):
+        other = build_request_body(request, model="m", provider=provider, thinking=thinking)
+        assert "response_format" not in other
 
 
 def test_non_streaming_body_has_no_stream_options() -> None:

@@ -32,8 +32,11 @@ __all__ = [
     "TurnEndKind",
 ]
 
-MessageSource: TypeAlias = Literal["user", "steer", "inject", "hook", "tool-context"]
-"""Who entered a user message: a person, a steer or inject while a turn runs, a hook, a tool."""
+MessageSource: TypeAlias = Literal[
+    "user", "steer", "inject", "hook", "tool-context", "output-schema"
+]
+"""Who entered a user message: a person, a steer or inject while a turn runs, a hook, a tool,
+or ``andon run --output-schema`` asking again for an answer that did not match its schema."""
 
 FinishReason: TypeAlias = Literal["stop", "tool_calls", "length"]
 """How the model said its reply ended (a provider's other reasons are errors, not replies)."""

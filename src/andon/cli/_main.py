@@ -361,9 +361,16 @@ def _job(args: argparse.Namespace) -> RunJob:
     from andon.cli._sessions import new_session_dir
     from andon.cli._settings import read_system_prompt, resolve
     from andon.cli._setup import load_model
+    from andon.cli._structured import SchemaModel, check_output_file, load_output_schema
     from andon.session import fold_state, read
 
     settings = resolve(vars(args))
+    # The output flags are checked first: a schema or a file that cannot work spends no model
+    # money and creates no session folder.
+    output_schema = None if args.output_schema is None else load_output_schema(args.output_schema)
+    output_file = None
+    if args.output_last_message is not None:
+        output_file = check_output_file(args.output_last_message)
     existing: Path | None = None
     if args.command == "resume":
         existing = _session_dir(args.session)
@@ -399,6 +406,8 @@ def _job(args: argparse.Namespace) -> RunJob:
     if cwd is not None and not Path(cwd).is_dir():
         raise ConfigError(f"--cwd: no such directory: {cwd}")
     model = load_model(model_spec, settings.thinking)
+    if output_schema is not None:
+        model = SchemaModel(model, output_schema.response_schema)
     # Outside text: argv holds invalid bytes as surrogate escapes, stdin is read as bytes.
     prompt = None if args.prompt is None else clean_text(args.prompt)
     if prompt is None and args.command == "run":
@@ -427,6 +436,8 @@ def _job(args: argparse.Namespace) -> RunJob:
         created=existing is None,
         since_seq=since_seq,
         session_id=sid,
+        output_schema=output_schema,
+        output_file=output_file,
     )
 
 

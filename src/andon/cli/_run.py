@@ -14,7 +14,14 @@ starts, and gives exit code 2.
 
 Exit code precedence: usage/config error before the agent starts (2); once a signal arrived,
 128 + the first signal's number, even if the turn then completed; a closed stdout counts as
-SIGPIPE (141); otherwise the last ``turn/end`` decides (see :func:`exit_code_for`).
+SIGPIPE (141); a final answer that did not match ``--output-schema`` after one retry is 8;
+otherwise the last ``turn/end`` decides (see :func:`exit_code_for`).
+
+Structured output (docs/ci.md, Structured output): with ``--output-schema`` the prompt carries the
+schema, and once the job's last turn has completed its final text is checked
+(``andon.cli._structured``); an answer that does not match gets one more turn of the same session,
+whose user message (``source: "output-schema"``) names what was wrong. ``--output-last-message``
+is written only when the run exits 0, so a CI step never reads a stopped turn's partial text.
 """
 
 from __future__ import annotations
@@ -44,6 +51,15 @@ from andon.cli._prices import cost
 from andon.cli._settings import Settings
 from andon.cli._setup import agent_options
 from andon.cli._signals import LEDGER
+from andon.cli._structured import (
+    Answer,
+    Mismatch,
+    OutputSchema,
+    check_answer,
+    instructions,
+    retry_message,
+    write_atomically,
+)
 from andon.llm import Model
 
 __all__ = ["RunJob", "exit_code_for", "run_job"]
@@ -56,6 +72,7 @@ EXIT_MAX_TOKENS: Final = 4
 EXIT_HOOK: Final = 5
 EXIT_NO_WORKER: Final = 6  # no tool worker could be started (docs/ci.md, Exit codes)
 EXIT_TOO_LONG: Final = 7  # the request does not fit the context window, even compacted
+EXIT_OUTPUT_MISMATCH: Final = 8  # the final answer did not match --output-schema after a retry
 EXIT_EPIPE: Final = 128 + signal.SIGPIPE
 
 
@@ -92,6 +109,8 @@ class RunJob:
     created: bool  # a new session folder (its path is announced)
     since_seq: int = 0  # the first record this run writes (repair closers included)
     session_id: str | None = None  # a new session's id (its folder under the root is named so)
+    output_schema: OutputSchema | None = None  # --output-schema, read and checked
+    output_file: Path | None = None  # --output-last-message, its folder checked writable
 
 
 def run_job(job: RunJob) -> int:
@@ -165,8 +184,14 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
         code = EXIT_NO_WORKER
     elif failure is not None:
         code = EXIT_FAILED
+    elif outcome.mismatch is not None:
+        code = EXIT_OUTPUT_MISMATCH
     else:
         code = exit_code_for(out.tracker.last_end)
+    if outcome.mismatch is not None and code == EXIT_OUTPUT_MISMATCH:
+        say(outcome.mismatch)
+    if code == EXIT_OK and job.output_file is not None and outcome.final_text is not None:
+        code = _write_output(job.output_file, outcome)
     ended = out.tracker.last_end
     if ended is not None and ended.get("kind") == "error" and not job.json:
         error = ended.get("error") or {}
@@ -201,7 +226,25 @@ def _summary(
     summary["ended"] = out.tracker.last_end
     if outcome.failure is not None:
         summary["failure"] = outcome.failure
+    elif outcome.mismatch is not None and code == EXIT_OUTPUT_MISMATCH:
+        summary["failure"] = outcome.mismatch
+    if outcome.answer is not None:
+        summary["output"] = outcome.answer.value
     return summary
+
+
+def _write_output(target: Path, outcome: _Outcome) -> int:
+    """Write ``--output-last-message``; a failure is one line and exit 1 (the answer is in the
+    log and in ``run/summary`` all the same)."""
+    assert outcome.final_text is not None
+    try:
+        text = outcome.final_text
+        write_atomically(target, text if text.endswith("\n") else text + "\n")
+    except OSError as e:
+        outcome.failure = f"cannot write --output-last-message {target}: {e.strerror or e}"
+        say(outcome.failure)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 _SUMMARY_USAGE: Final = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -247,6 +290,9 @@ class _Outcome:
     )
     session_id: str | None = None  # of the agent that opened (its session/start)
     no_worker: bool = False  # the pool could not start any tool worker (exit 6)
+    final_text: str | None = None  # the last turn's answer, if it completed (and matched)
+    answer: Answer | None = None  # --output-schema: the answer that matched
+    mismatch: str | None = None  # --output-schema: why the answer did not match (exit 8)
 
 
 def _no_worker(error: BaseException) -> NoWorkerStarted | None:
@@ -294,16 +340,81 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
             out.on_closed(lambda: agent.cancel(Disposed()))
             if signals.first is None:  # a signal during the pool's start: no turn at all
                 signals.agent = agent
+                schema = job.output_schema
                 if job.prompt is not None:
-                    agent.followup(job.prompt)
+                    wanted = "" if schema is None else f"\n\n---\n{instructions(schema)}"
+                    agent.followup(job.prompt + wanted)
                 else:
                     # Resume without a prompt: the inbox holds work (checked before the loop).
                     agent.wake()
-                try:
-                    await agent.when_idle()
-                except Exception as e:  # a log write failure: the agent stopped
-                    outcome.failure = f"{type(e).__name__}: {e}"
+                    if schema is not None:  # its messages are logged: the request is a turn
+                        agent.followup(instructions(schema), source="output-schema")
+                wants_answer = schema is not None or job.output_file is not None
+                if await _idle(agent, outcome) and wants_answer:  # else: no log read at the end
+                    await _conclude(job, agent, out, signals, outcome)
             outcome.usage = dict(agent.usage)
+
+
+async def _idle(agent: Any, outcome: _Outcome) -> bool:
+    """Wait until the agent is idle; False (and the failure noted) if its log failed."""
+    try:
+        await agent.when_idle()
+    except Exception as e:  # a log write failure: the agent stopped
+        outcome.failure = f"{type(e).__name__}: {e}"
+        return False
+    return True
+
+
+async def _conclude(
+    job: RunJob, agent: Any, out: Output, signals: LoopSignals, outcome: _Outcome
+) -> None:
+    """The job's answer: the final text of its last turn, if that turn completed; with
+    ``--output-schema``, checked, and asked for once more if it does not match."""
+    text = _completed_answer(job)
+    if text is None or job.output_schema is None:
+        outcome.final_text = text
+        return
+    checked = check_answer(job.output_schema, text)
+    if isinstance(checked, Mismatch) and signals.first is None and not out.closed:
+        agent.followup(retry_message(checked.problem), source="output-schema")
+        if not await _idle(agent, outcome):
+            return
+        text = _completed_answer(job)
+        if text is None:  # the retry turn was stopped or failed: its turn/end decides
+            return
+        checked = check_answer(job.output_schema, text)
+    if isinstance(checked, Answer):
+        outcome.answer, outcome.final_text = checked, checked.text
+    else:
+        outcome.mismatch = (
+            f"the final answer did not match --output-schema {job.output_schema.path} after one "
+            f"retry: {checked.problem}"
+        )
+
+
+def _completed_answer(job: RunJob) -> str | None:
+    """The text of the last turn's final ``assistant/message`` (its text blocks joined), read
+    from the log (written synchronously, so complete once the agent is idle); None unless that
+    turn completed."""
+    from andon.session import iter_records
+
+    ended: dict[str, Any] | None = None
+    texts: dict[Any, str] = {}  # turn -> the text of its last assistant/message
+    for record in iter_records(job.session):
+        if record.seq < job.since_seq:
+            continue
+        event = record.to_dict()
+        data = event.get("data") or {}
+        if event.get("type") == "turn/end":
+            ended = data
+        elif event.get("type") == "assistant/message":
+            content = (data.get("message") or {}).get("content") or ()
+            texts[data.get("turn")] = "".join(
+                str(block.get("text", "")) for block in content if block.get("type") == "text"
+            )
+    if ended is None or (ended.get("reason") or {}).get("kind") != "completed":
+        return None
+    return texts.get(ended.get("turn"), "")
 
 
 def _describe(error: BaseException) -> str:

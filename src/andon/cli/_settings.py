@@ -305,6 +305,19 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
             "--max-steps", metavar="N", help="stop a turn after this many steps (exit 5)"
         )
         p.add_argument(
+            "-o",
+            "--output-last-message",
+            metavar="FILE",
+            help="write the final answer to FILE when the run exits 0 (atomically; on any other "
+            "exit FILE is left as it was)",
+        )
+        p.add_argument(
+            "--output-schema",
+            metavar="FILE",
+            help="a JSON Schema the final answer must match (JSON; one retry, then exit 8); the "
+            "value is run/summary's output",
+        )
+        p.add_argument(
             "--progress-interval",
             metavar="S",
             help="outside a terminal: say every S seconds that a silent tool or a slow start is "

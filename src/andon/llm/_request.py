@@ -23,6 +23,15 @@ they are, with one per-provider change: what happens to an assistant message's
 * DeepSeek with thinking off (``thinking=False``), and every other provider: no
   ``reasoning_content`` at all. It is not part of the OpenAI format, strict servers reject
   unknown message fields, and without thinking DeepSeek has no reasoning to continue.
+
+A request's ``response_schema`` (``--output-schema``) becomes OpenAI's ``response_format``
+(``json_schema``) for OpenAI only, the one provider whose parameter leaves tool calls alone: the
+model still calls tools, and only its answer to the user follows the schema. It is sent with
+``strict: false``, since strict mode accepts only a subset of JSON Schema and answers HTTP 400 to
+any other schema, and andon validates the answer against the full schema anyway. DeepSeek's
+``json_object`` mode and a generic server's ``json_schema`` (llama.cpp compiles it into a grammar
+that has no room for a tool call) would force JSON on every step of the turn, tool steps
+included, so those get the schema in the prompt only (docs/models.md, Structured output).
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ from typing import Any, Final
 
 from andon.llm._types import ModelRequest
 
-__all__ = ["DEEPSEEK", "build_request_body", "reasoning_needed"]
+__all__ = ["DEEPSEEK", "OPENAI", "build_request_body", "reasoning_needed"]
 
 DEEPSEEK: Final = "deepseek"
 """The provider name whose requests carry ``thinking`` and pass reasoning back."""
+OPENAI: Final = "openai"
+"""OpenAI's own API: ``max_completion_tokens``, and the ``json_schema`` response format."""
 
 _REASONING: Final = "reasoning_content"
 
@@ -101,7 +112,16 @@ def build_request_body(
     if request.tools:
         body["tools"] = [dict(tool) for tool in request.tools]
     if request.max_tokens is not None:
-        body["max_completion_tokens" if provider == "openai" else "max_tokens"] = request.max_tokens
+        body["max_completion_tokens" if provider == OPENAI else "max_tokens"] = request.max_tokens
     if deepseek:
         body["thinking"] = {"type": "disabled" if thinking is False else "enabled"}
+    if request.response_schema is not None and provider == OPENAI:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {
+                "name": request.response_schema.name,
+                "schema": dict(request.response_schema.schema),
+                "strict": False,
+            },
+        }
     return body

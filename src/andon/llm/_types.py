@@ -11,7 +11,7 @@ ends without :class:`Finish` has been aborted or failed: it raises instead of en
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -27,6 +27,7 @@ __all__ = [
     "ModelRequest",
     "OnAttempt",
     "ReasoningDelta",
+    "ResponseSchema",
     "RetryDecider",
     "TextDelta",
     "ToolCallDelta",
@@ -128,17 +129,33 @@ Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseSchema:
+    """The JSON Schema the model's final answer must match (``andon run --output-schema``).
+
+    ``name`` is what OpenAI's ``json_schema`` response format calls it (``[A-Za-z0-9_-]``, at
+    most 64 characters); ``schema`` is the schema itself. Which providers receive it, and how,
+    is the request builder's business (docs/models.md, Structured output).
+    """
+
+    name: str
+    schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One request to the model: the conversation and the tools it may call.
 
     ``messages`` are OpenAI chat messages (plain dicts, as ``andon.session.history`` returns them);
     ``tools`` are OpenAI tool schemas (``{"type": "function", "function": {...}}``). Lists are
-    turned into tuples so the request cannot grow behind an adapter's back.
+    turned into tuples so the request cannot grow behind an adapter's back. ``response_schema``
+    asks for a final answer in JSON matching a schema, where the provider has a parameter for it
+    that does not stop tool calls (see :class:`ResponseSchema`); ``None``: no such parameter.
     """
 
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] = ()
     max_tokens: int | None = None
+    response_schema: ResponseSchema | None = None
 
     def __post_init__(self) -> None:
         # Frozen, so assignment goes through object.__setattr__; callers often hold lists.

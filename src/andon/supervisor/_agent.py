@@ -213,9 +213,10 @@ class Agent:
         (:func:`andon.base.call_tag`)."""
         return self._owner
 
-    def followup(self, text: str) -> str:
-        """Queue ``text`` as its own later turn, and wake the agent."""
-        return self._send(text, "next-turn", wakes=True, source="user")
+    def followup(self, text: str, *, source: MessageSource = "user") -> str:
+        """Queue ``text`` as its own later turn, and wake the agent. ``source`` says who wrote
+        it, for the log (``"output-schema"``: andon's own request for a matching answer)."""
+        return self._send(text, "next-turn", wakes=True, source=source)
 
     def steer(self, text: str) -> str:
         """Queue ``text`` for the next step of the running turn, and wake the agent."""
