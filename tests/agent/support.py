@@ -184,3 +184,46 @@ async def agent_on(
             tasks=tasks,
             **options,
         )
+
+
+class SummaryTripwire:
+    """A real model with a hook inside its compaction summary streams: ``fire()`` runs when the
+    ``at``-th chunk of the first summary stream is about to be handed on (0: before the first;
+    past the last: once the stream has ended). Every other request passes through untouched."""
+
+    def __init__(self, inner: Model, at: int, fire: Callable[[], None]) -> None:
+        self.inner = inner
+        self.at = at
+        self.fire = fire
+        self.fired = False
+
+    @property
+    def info(self) -> Any:
+        return self.inner.info
+
+    async def stream(self, request: Any, signal: Any, on_attempt: Any, **kw: Any) -> Any:
+        from andon.llm import SUMMARY_MARKER
+
+        summary = SUMMARY_MARKER in str(request.messages[-1].get("content"))
+        n = 0
+        async for chunk in self.inner.stream(request, signal, on_attempt, **kw):
+            if summary and n == self.at and not self.fired:
+                self.fired = True
+                self.fire()
+            n += 1
+            yield chunk
+        if summary and not self.fired:
+            self.fired = True
+            self.fire()
+
+
+def chatty_job(steps: int, text: int) -> list[dict[str, Any]]:
+    """``steps`` replies of ``text`` characters of prose and a short bash call each (nothing the
+    first tier could stub: only a summary makes room), then a final answer."""
+    words = ("The build log shows the step went through as expected. " * (text // 50 + 1))[:text]
+    replies: list[dict[str, Any]] = [
+        {"text": words, "tool_calls": [{"name": "bash", "arguments": {"command": f"echo {n}"}}]}
+        for n in range(steps)
+    ]
+    replies.append({"text": "done"})
+    return replies

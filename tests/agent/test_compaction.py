@@ -66,3 +66,39 @@ async def test_a_long_job_completes_within_the_window(tmp_path: Path, shape: str
     rebuilt = history(read(tmp_path))
     assert [m.get("content") for m in last[1:]] == [m.get("content") for m in rebuilt[:-1]]
     assert rebuilt[-1]["content"] == "done"
+
+
+@pytest.mark.timeout(240)
+async def test_a_strict_deepseek_server_accepts_every_request_of_a_compacted_session(
+    tmp_path: Path,
+) -> None:
+    # Thinking on: every reply reasons and calls a tool, so every span is a tool-using one and
+    # must send all its reasoning back, before and after each compaction and across two turns.
+    job: list[dict[str, Any]] = [
+        {"reasoning": f"step {n}: look at the output. " * 20, **reply}
+        for n, reply in enumerate(printing_job(24, 6000))
+    ]
+    follow: list[dict[str, Any]] = [
+        {"reasoning": f"again {n}. " * 30, **reply} for n, reply in enumerate(printing_job(8, 6000))
+    ]
+    async with MockModelServer(
+        [*job, *follow], context_window=8000, strict_reasoning=True, summaries=SUMMARY
+    ) as server:
+        model = from_spec(f"deepseek+{server.base_url}#deepseek-v4-flash")
+        assert isinstance(model, OpenAICompatible)
+        try:
+            async with agent_for(tmp_path, model, context_window=8000) as agent:
+                agent.followup("print blocks")
+                await agent.when_idle()
+                agent.followup("print more")
+                await agent.when_idle()
+        finally:
+            await model.aclose()
+        assert server.rejected == 0 and server.overflows == 0
+    types = [r["type"] for r in records(tmp_path)]
+    assert types.count("context/compacted") >= 2
+    assert [r["data"]["reason"]["kind"] for r in records(tmp_path) if r["type"] == "turn/end"] == [
+        "completed",
+        "completed",
+    ]
+    assert_sound(tmp_path)
