@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import Disposed, NoWorkerStarted
 from andon.cli._ladder import HoldingLoop, LoopSignals
@@ -45,6 +45,9 @@ from andon.cli._settings import Settings
 from andon.cli._setup import agent_options
 from andon.cli._signals import LEDGER
 from andon.llm import Model
+
+if TYPE_CHECKING:
+    from andon.supervisor import FoundInstructions
 
 __all__ = ["RunJob", "exit_code_for", "run_job"]
 
@@ -89,6 +92,7 @@ class RunJob:
     created: bool  # a new session folder (its path is announced)
     since_seq: int = 0  # the first record this run writes (repair closers included)
     session_id: str | None = None  # a new session's id (its folder under the root is named so)
+    instructions: FoundInstructions | None = None  # AGENTS.md files (None: turned off)
 
 
 def run_job(job: RunJob) -> int:
@@ -278,6 +282,7 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
                 cwd=job.cwd,
                 system_prompt=job.system_prompt,
                 session_id=job.session_id,
+                instructions=job.instructions,
             ),
             hooks=hooks,
         ) as agent:
