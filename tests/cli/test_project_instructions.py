@@ -337,7 +337,10 @@ def test_a_huge_file_is_cut_on_a_character_boundary_and_says_so(tmp_path: Path, 
     assert f"of {len(data)} bytes of AGENTS.md; the rest is not shown]" in system
     assert "tail that is not sent" not in system and "\ufffd" not in system
     assert system.index(PKG_RULE) > system.index("the rest is not shown]")
-    assert _warnings(done.stderr) == []
+    assert _warnings(done.stderr) == [
+        f"andon: warning: project instructions AGENTS.md: only its first 65535 of {len(data)} "
+        "bytes are used (at most 65536 of a file)"
+    ]
     (start,) = _starts(tmp_path)
     first = start["project_instructions"]["files"][0]
     assert first == {

@@ -96,6 +96,10 @@ def find_project_instructions(cwd: str | os.PathLike[str]) -> FoundInstructions:
         if not text.strip():
             continue  # an empty file says nothing
         if truncated:
+            warnings.append(
+                f"project instructions {name}: only its first {len(data)} of {size} bytes are "
+                f"used (at most {MAX_INSTRUCTION_BYTES} of a file)"
+            )
             text += (
                 f"\n[andon read only the first {len(data)} of {size} bytes of {name}; "
                 "the rest is not shown]"
