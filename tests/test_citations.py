@@ -21,7 +21,9 @@ _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 # A document named without its folder (``session-log.md, Durability``): the code and the tests
 # cite the docs by their path, so a bare name is a document the repository does not have.
-_BARE = re.compile(r"""(?<![\w/.'"-])(?!README\.md)([\w-]+\.md)\b""")
+# README.md and AGENTS.md (the project instructions andon reads, docs/agent-loop.md, Project
+# instructions) are file names, not citations of a document.
+_BARE = re.compile(r"""(?<![\w/.'"-])(?!README\.md|AGENTS\.md)([\w-]+\.md)\b""")
 
 
 def _sources() -> list[Path]:

@@ -10,6 +10,7 @@ a small screen model to get what a person would see (docs/terminal.md holds one 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -439,3 +440,27 @@ if __name__ == "__main__":  # pragma: no cover
 
     with tempfile.TemporaryDirectory() as d:
         sys.stdout.write(capture_for_docs(Path(d)))
+
+
+def test_chat_adds_the_project_instructions_and_reads_them_again_on_resume(
+    tmp_path: Path, children: list[pexpect.spawn[str]]
+) -> None:
+    """docs/agent-loop.md, Project instructions: chat opens like run, and a chat on an existing
+    session reads the files again instead of keeping (or doubling) the old ones."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=30)
+    (repo / "AGENTS.md").write_text("ROOT-RULE one.\n")
+    model = script(tmp_path / "script.json", [{"text": "Done."}])
+    for _ in range(2):
+        child = spawn(tmp_path, model, "--cwd", str(repo / "pkg"))
+        children.append(child)
+        quit_chat(child)
+        (repo / "AGENTS.md").write_text("ROOT-RULE two.\n")
+    opened = [r["data"] for r in records(tmp_path / "s") if r["type"].startswith("session/")]
+    assert [d["project_instructions"]["files"][0]["path"] for d in opened] == ["AGENTS.md"] * 2
+    first, again = (d["system_prompt"] for d in opened)
+    assert first.endswith("--- AGENTS.md ---\nROOT-RULE one.\n")
+    assert again.endswith("--- AGENTS.md ---\nROOT-RULE two.\n")
+    assert again.count("# Project instructions") == 1 and "ROOT-RULE one." not in again
+    assert_balanced(tmp_path / "s")

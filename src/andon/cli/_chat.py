@@ -65,6 +65,7 @@ class _Job:
     since_seq: int
     queued: tuple[int, int] = (0, 0)  # parked work of a resumed session (next-turn, next-step)
     session_id: str | None = None  # a new session under the root: its folder's name is its id
+    instructions: Any = None  # the AGENTS.md files found (None: turned off)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 def _job(args: argparse.Namespace) -> _Job:
     from andon.base import LogCorrupted, LogFormatUnsupported
     from andon.cli._sessions import new_session_dir
-    from andon.cli._setup import load_model
+    from andon.cli._setup import load_model, project_instructions
     from andon.session import fold_state, read
 
     flags = {k: v for k, v in vars(args).items() if k not in ("session",)}
@@ -97,7 +98,7 @@ def _job(args: argparse.Namespace) -> _Job:
         queued = (len(state.next_turn), len(state.next_step))
         if model_spec is None and state.model is not None:
             model_spec = state.model.spec
-        system_prompt = state.system_prompt
+        system_prompt = state.base_system_prompt  # the instructions are read again below
         if cwd is None and len(records) and records[0].type == "session/start":
             logged = records[0].to_dict()["data"].get("cwd")
             cwd = None if logged is None else name_path(logged)  # as show_name recorded it
@@ -106,7 +107,10 @@ def _job(args: argparse.Namespace) -> _Job:
     if cwd is not None and not Path(cwd).is_dir():
         raise ConfigError(f"--cwd: no such directory: {cwd}")
     model = load_model(model_spec, settings.thinking)
-    return _Job(session, settings, model, cwd, system_prompt, since_seq, queued, new_id)
+    instructions = project_instructions(settings, cwd)
+    return _Job(
+        session, settings, model, cwd, system_prompt, since_seq, queued, new_id, instructions
+    )
 
 
 @dataclass
@@ -225,6 +229,7 @@ async def _chat(job: _Job) -> int:
         cwd=job.cwd,
         system_prompt=job.system_prompt,
         session_id=job.session_id,
+        instructions=job.instructions,
     )
     try:
         async with andon.open_agent(job.session, **options) as agent:

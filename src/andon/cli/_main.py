@@ -360,7 +360,7 @@ def _job(args: argparse.Namespace) -> RunJob:
     from andon.cli._run import RunJob
     from andon.cli._sessions import new_session_dir
     from andon.cli._settings import read_system_prompt, resolve
-    from andon.cli._setup import load_model
+    from andon.cli._setup import load_model, project_instructions
     from andon.cli._structured import SchemaModel, check_output_file, load_output_schema
     from andon.session import fold_state, read
 
@@ -391,7 +391,9 @@ def _job(args: argparse.Namespace) -> RunJob:
         since_seq = state.next_seq
         if model_spec is None and state.model is not None:
             model_spec = state.model.spec
-        system_prompt = state.system_prompt
+        # andon's base text (or the --system file's) as logged: the project instructions are
+        # read again below, as they are now.
+        system_prompt = state.base_system_prompt
         if cwd is None and len(records) and records[0].type == "session/start":
             logged = records[0].to_dict()["data"].get("cwd")
             cwd = None if logged is None else name_path(logged)  # as show_name recorded it
@@ -408,6 +410,7 @@ def _job(args: argparse.Namespace) -> RunJob:
     model = load_model(model_spec, settings.thinking)
     if output_schema is not None:
         model = SchemaModel(model, output_schema.response_schema)
+    instructions = project_instructions(settings, cwd)
     # Outside text: argv holds invalid bytes as surrogate escapes, stdin is read as bytes.
     prompt = None if args.prompt is None else clean_text(args.prompt)
     if prompt is None and args.command == "run":
@@ -438,6 +441,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         session_id=sid,
         output_schema=output_schema,
         output_file=output_file,
+        instructions=instructions,
     )
 
 

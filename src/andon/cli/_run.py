@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import Disposed, NoWorkerStarted
 from andon.cli._ladder import HoldingLoop, LoopSignals
@@ -61,6 +61,9 @@ from andon.cli._structured import (
     write_atomically,
 )
 from andon.llm import Model
+
+if TYPE_CHECKING:
+    from andon.supervisor import FoundInstructions
 
 __all__ = ["RunJob", "exit_code_for", "run_job"]
 
@@ -111,6 +114,7 @@ class RunJob:
     session_id: str | None = None  # a new session's id (its folder under the root is named so)
     output_schema: OutputSchema | None = None  # --output-schema, read and checked
     output_file: Path | None = None  # --output-last-message, its folder checked writable
+    instructions: FoundInstructions | None = None  # AGENTS.md files (None: turned off)
 
 
 def run_job(job: RunJob) -> int:
@@ -327,6 +331,7 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
                 cwd=job.cwd,
                 system_prompt=job.system_prompt,
                 session_id=job.session_id,
+                instructions=job.instructions,
             ),
             hooks=hooks,
         ) as agent:

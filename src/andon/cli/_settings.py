@@ -55,6 +55,7 @@ class Settings:
     progress_interval: float = 30.0  # liveness lines outside a terminal; 0: none
     prices: Mapping[str, Price] = field(default_factory=dict)  # andon.toml only: model -> price
     containers: ContainerSettings = field(default_factory=ContainerSettings)  # andon.toml only
+    project_instructions: bool = True  # AGENTS.md from the git root down to the cwd
 
 
 def _positive_float(name: str) -> Callable[[str], float]:
@@ -128,13 +129,16 @@ def _grace(text: str) -> GracePolicy:
     return policy
 
 
-def _thinking(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("on", "true", "1", "yes"):
-        return True
-    if value in ("off", "false", "0", "no"):
-        return False
-    raise ConfigError(f"thinking takes on or off (got {text!r})")
+def _switch(name: str) -> Callable[[str], bool]:
+    def parse(text: str) -> bool:
+        value = text.strip().lower()
+        if value in ("on", "true", "1", "yes"):
+            return True
+        if value in ("off", "false", "0", "no"):
+            return False
+        raise ConfigError(f"{name} takes on or off (got {text!r})")
+
+    return parse
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -152,7 +156,8 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "turn_budget": _positive_float("turn-budget"),
     "max_steps": _positive_int("max-steps"),
     "pass_env": _names,
-    "thinking": _thinking,
+    "thinking": _switch("thinking"),
+    "project_instructions": _switch("project-instructions"),
     "workers_in": workers_in,
     "progress_interval": _interval("progress-interval"),
 }
@@ -282,7 +287,19 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
     of a one-shot job. ``None`` means "not given", so andon.toml and ANDON_* apply."""
     p.add_argument("--model", metavar="SPEC", help="deepseek-v4-flash, openai:M, URL#M, script:F")
     p.add_argument("--cwd", metavar="DIR", help="working directory of the tools")
-    p.add_argument("--system", metavar="FILE", help="file holding the system prompt")
+    p.add_argument(
+        "--system",
+        metavar="FILE",
+        help="file holding the system prompt (replaces andon's own; AGENTS.md is still added)",
+    )
+    p.add_argument(
+        "--no-project-instructions",
+        dest="project_instructions",
+        action="store_const",
+        const=False,
+        default=None,
+        help="do not add the AGENTS.md files from the git root down to the working directory",
+    )
     if job:
         p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
     p.add_argument("--workers", metavar="N", help="tool worker processes (default 4)")

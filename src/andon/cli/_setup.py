@@ -4,7 +4,9 @@ reach one command and miss another."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+from typing import TYPE_CHECKING, Any
 
 from andon.base import ConfigError
 from andon.cli._sessions import runtime_root
@@ -12,7 +14,10 @@ from andon.cli._settings import Settings
 from andon.cli._workers import launcher_of
 from andon.llm import Model, from_spec
 
-__all__ = ["agent_options", "load_model"]
+if TYPE_CHECKING:
+    from andon.supervisor import FoundInstructions
+
+__all__ = ["agent_options", "load_model", "project_instructions"]
 
 
 def load_model(spec: str | None, thinking: bool | None) -> Model:
@@ -24,6 +29,20 @@ def load_model(spec: str | None, thinking: bool | None) -> Model:
     return from_spec(spec, thinking=thinking)
 
 
+def project_instructions(settings: Settings, cwd: str | None) -> FoundInstructions | None:
+    """The AGENTS.md files of the working directory ``cwd`` (None: this process's), unless the
+    settings turn them off; each file skipped is one warning line on stderr, and the run goes
+    on without it (docs/agent-loop.md, Project instructions)."""
+    if not settings.project_instructions:
+        return None
+    from andon.supervisor import find_project_instructions
+
+    found = find_project_instructions(cwd if cwd is not None else os.getcwd())
+    for warning in found.warnings:
+        print(f"andon: warning: {warning}", file=sys.stderr, flush=True)
+    return found
+
+
 def agent_options(
     settings: Settings,
     *,
@@ -31,6 +50,7 @@ def agent_options(
     cwd: str | None,
     system_prompt: str | None,
     session_id: str | None,
+    instructions: FoundInstructions | None = None,
 ) -> dict[str, Any]:
     """The ``open_agent`` options every CLI session takes from its settings (``andon run``,
     ``resume`` and ``chat``), so that one setting cannot reach one command and miss another."""
@@ -50,4 +70,5 @@ def agent_options(
         "pass_env": settings.pass_env,
         "session_id": session_id,
         "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
+        "project_instructions": instructions,
     }

@@ -23,6 +23,7 @@ Imports only ``andon.base`` (whose ``procs`` finds a crashed call's leftover pro
 
 from andon.session._check import InvariantViolation, check
 from andon.session._create import is_temporary
+from andon.session._events import InstructionFile, ProjectInstructions
 from andon.session._folds import (
     ConsumedWork,
     SessionState,
@@ -111,6 +112,7 @@ __all__ = [
     "ExitStatus",
     "FsyncFn",
     "InboxSpliced",
+    "InstructionFile",
     "Interrupted",
     "InvariantViolation",
     "Leftover",
@@ -120,6 +122,7 @@ __all__ = [
     "LockHolder",
     "MaxTokens",
     "ModelInfo",
+    "ProjectInstructions",
     "ReasoningBlock",
     "Record",
     "RecordStream",

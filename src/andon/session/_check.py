@@ -19,17 +19,22 @@
    reply, or, naming neither, stand between turns. ``context/trimmed`` names only calls answered
    in an earlier step; ``context/compacted`` cuts at a ``step/start`` later than the previous
    compaction and before itself.
+9. ``project_instructions`` of ``session/start`` and ``session/resumed`` names at least one file,
+   each by a relative path below its root (``/``-separated, no ``..``) with a SHA-256 of 64
+   lower-case hex digits, and its ``chars`` are the end of the record's ``system_prompt``.
 
 A live session may end with one open turn and step (``live=True``); a cold, repaired log may not.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from andon.base import ErrorCode
+from andon.session._events import ProjectInstructions
 from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
@@ -58,6 +63,8 @@ from andon.session._records import (
 from andon.session._values import ReasoningBlock, TextBlock, ToolCallBlock
 
 __all__ = ["InvariantViolation", "check"]
+
+_SHA256 = re.compile("[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,10 @@ class _Checker:
     # --- 1, 6: session records ----------------------------------------------------------------
 
     def _session_record(self, r: Record) -> None:
+        if isinstance(r.data, SessionStart | SessionResumed):
+            added = r.data.project_instructions
+            if added is not None:
+                self._instructions(r, added, r.data.system_prompt)
         if isinstance(r.data, SessionStart) and r.seq != 0:
             self.bad(r.seq, 1, "session/start appears again; a session starts once, at seq 0")
         if self.turn is not None and not isinstance(r.data, SessionStart):
@@ -208,6 +219,34 @@ class _Checker:
                 2,
                 f"{r.type} while turn {self.turn} is open; a session is taken over "
                 "or repaired only after its turns are closed",
+            )
+
+    # --- 8: project instructions ------------------------------------------------------------
+
+    def _instructions(self, r: Record, added: ProjectInstructions, prompt: str) -> None:
+        where = f"{r.type} project_instructions"
+        if not added.files:
+            self.bad(r.seq, 9, f"{where} names no file (it is left out when none were added)")
+        for n, f in enumerate(added.files):
+            parts = f.path.split("/")
+            if f.path.startswith("/") or not f.path or ".." in parts or "" in parts:
+                self.bad(
+                    r.seq,
+                    9,
+                    f"{where}.files[{n}].path {f.path!r} is not a relative path below the root",
+                )
+            if _SHA256.fullmatch(f.sha256) is None:
+                self.bad(
+                    r.seq,
+                    9,
+                    f"{where}.files[{n}].sha256 {f.sha256[:80]!r} is not 64 lower-case hex digits",
+                )
+        if not 0 < added.chars <= len(prompt):
+            self.bad(
+                r.seq,
+                9,
+                f"{where}.chars is {added.chars}, but the instructions are the end of a "
+                f"system_prompt of {len(prompt)} characters",
             )
 
     # --- 2: turns -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from andon.session._values import (
     PID,
     AssistantReply,
     AttemptData,
+    LogValue,
     ModelInfo,
     RecordData,
     StepData,
@@ -32,8 +33,10 @@ __all__ = [
     "AssistantMessage",
     "InboxSpliced",
     "InboxTarget",
+    "InstructionFile",
     "LlmRequest",
     "LlmRetry",
+    "ProjectInstructions",
     "SessionRepaired",
     "SessionResumed",
     "SessionStart",
@@ -51,6 +54,36 @@ InboxTarget: TypeAlias = Literal["next-turn", "next-step"]
 
 
 @dataclass(frozen=True, slots=True)
+class InstructionFile(LogValue):
+    """One project instructions file whose text is in the system prompt (docs/agent-loop.md,
+    Project instructions)."""
+
+    path: str
+    """Relative to ``ProjectInstructions.root``, with ``/`` (``AGENTS.md``, ``pkg/AGENTS.md``)."""
+    sha256: str
+    """The SHA-256 of the bytes read (all of them, or the first ``bytes`` when truncated), as
+    64 lower-case hex digits: ``sha256sum`` of the file when it was not truncated."""
+    bytes: Annotated[int, COUNT]
+    """How many bytes of the file were read and put into the prompt."""
+    truncated: Annotated[bool, OMIT] = False
+    """The file was longer than andon's cap; the prompt says so where its text is cut."""
+    json_keys: ClassVar = ("path", "sha256", "bytes", "truncated")
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectInstructions(LogValue):
+    """The project instructions added to the system prompt, outermost first."""
+
+    root: str
+    """The folder the paths are relative to: the git root, or the working directory when there
+    is none (a file name, spelled as ``session/start.cwd`` is)."""
+    files: tuple[InstructionFile, ...]
+    chars: Annotated[int, COUNT]
+    """How many characters (code points) at the end of ``system_prompt`` the instructions take:
+    what is before them is the base text (andon's own, or a ``--system`` file's)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionStart(RecordData, record_type="session/start"):
     """``session/start``: the first record of every session."""
 
@@ -63,6 +96,8 @@ class SessionStart(RecordData, record_type="session/start"):
     system_prompt: str
     pid: Annotated[int, PID]
     host: str
+    project_instructions: Annotated[ProjectInstructions | None, OMIT] = None
+    """Absent when none were added (none found, or turned off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +110,8 @@ class SessionResumed(RecordData, record_type="session/resumed"):
     model: ModelInfo
     system_prompt: str
     repaired: bool
+    project_instructions: Annotated[ProjectInstructions | None, OMIT] = None
+    """Read again by this process: absent when none were added."""
 
 
 @dataclass(frozen=True, slots=True)

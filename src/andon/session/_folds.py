@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+from andon.session._events import ProjectInstructions
 from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
@@ -315,6 +316,17 @@ class SessionState:
     next_seq: int
     model: ModelInfo | None
     system_prompt: str | None
+    project_instructions: ProjectInstructions | None = None
+    """Those the last ``session/*`` record added to ``system_prompt`` (None: none)."""
+
+    @property
+    def base_system_prompt(self) -> str | None:
+        """``system_prompt`` without the project instructions at its end: the text a resume
+        adds the instructions it reads again to (docs/agent-loop.md, Project instructions)."""
+        prompt, added = self.system_prompt, self.project_instructions
+        if prompt is None or added is None or not 0 < added.chars <= len(prompt):
+            return prompt
+        return prompt[: len(prompt) - added.chars]
 
 
 def fold_state(events: Events) -> SessionState:
@@ -326,6 +338,7 @@ def fold_state(events: Events) -> SessionState:
     session_id: str | None = None
     model: ModelInfo | None = None
     prompt: str | None = None
+    instructions: ProjectInstructions | None = None
     last_turn = 0
     open_turn: int | None = None
     open_step: int | None = None
@@ -337,8 +350,10 @@ def fold_state(events: Events) -> SessionState:
         match data:
             case SessionStart():
                 session_id, model, prompt = data.session_id, data.model, data.system_prompt
+                instructions = data.project_instructions
             case SessionResumed():
                 model, prompt = data.model, data.system_prompt
+                instructions = data.project_instructions
             case InboxSpliced(target=target, start=start, inserted=inserted):
                 items = inbox[target]
                 items[start : start + data.removed] = inserted
@@ -379,4 +394,5 @@ def fold_state(events: Events) -> SessionState:
         next_seq,
         model,
         prompt,
+        instructions,
     )

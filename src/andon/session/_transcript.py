@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, assert_never
 
 from andon.base import ENDED_BY, ErrorCode
+from andon.session._events import ProjectInstructions
 from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
@@ -84,6 +85,15 @@ class _Render:
     def add(self, line: str) -> None:
         self.lines.append(line)
 
+    def _instructions(self, added: ProjectInstructions | None) -> None:
+        """The project instructions in the prompt: each file, its size and a short hash."""
+        if added is None:
+            return
+        self.add(f"  project instructions from {added.root}:")
+        for f in added.files:
+            cut = ", truncated" if f.truncated else ""
+            self.add(f"    {f.path} · {_plural(f.bytes, 'byte')}{cut} · sha256 {f.sha256[:12]}")
+
     def feed(self, r: Record) -> None:
         data = r.data
         repair = " (written by crash repair)" if r.synthetic == "repair" else ""
@@ -94,6 +104,7 @@ class _Render:
                     f"{data.model.spec} · pid {data.pid} on {data.host}"
                 )
                 self.add(f"  cwd {data.cwd}")
+                self._instructions(data.project_instructions)
             case SessionResumed():
                 how = ", after crash repair" if data.repaired else ""
                 self.add("")
@@ -101,6 +112,7 @@ class _Render:
                     f"resumed {_stamp(r.time)} by pid {data.pid} on {data.host} (model "
                     f"{data.model.spec}{how})"
                 )
+                self._instructions(data.project_instructions)
             case SessionRepaired():
                 parts = [f"{_plural(data.closers, 'closing record')} appended"]
                 if data.torn_bytes:

@@ -26,6 +26,12 @@ from andon.supervisor._hooks import (
     TurnBudget,
     TurnStopping,
 )
+from andon.supervisor._instructions import (
+    INSTRUCTIONS_FILE,
+    MAX_INSTRUCTION_BYTES,
+    FoundInstructions,
+    find_project_instructions,
+)
 from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
 from andon.supervisor._open import DEFAULT_SYSTEM_PROMPT, SECRET_ENV, open_agent
 from andon.supervisor._outcome import StageMark, ToolOutcome
@@ -36,6 +42,8 @@ from andon.supervisor._subagent import subagent_tool
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
+    "INSTRUCTIONS_FILE",
+    "MAX_INSTRUCTION_BYTES",
     "SECRET_ENV",
     "Agent",
     "Allow",
@@ -45,6 +53,7 @@ __all__ = [
     "Enter",
     "ExecutionObserver",
     "ForkserverLauncher",
+    "FoundInstructions",
     "GiveUp",
     "LaunchedWorker",
     "Mount",
@@ -71,6 +80,7 @@ __all__ = [
     "WorkerPool",
     "WorkerPoolConfig",
     "WorkerSpec",
+    "find_project_instructions",
     "host_mounts",
     "open_agent",
     "subagent_tool",

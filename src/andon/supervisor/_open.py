@@ -35,6 +35,7 @@ from andon.session import (
 from andon.supervisor._agent import Agent, check_max_parallel
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
+from andon.supervisor._instructions import FoundInstructions
 from andon.supervisor._launch import WorkerLauncher
 from andon.supervisor._pool import WorkerPool, WorkerPoolConfig
 from andon.workers import ToolRegistry, default
@@ -98,6 +99,7 @@ async def open_agent(
     session_id: str | None = None,
     launcher: WorkerLauncher | None = None,
     context_window: int | None = None,
+    project_instructions: FoundInstructions | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
@@ -118,6 +120,10 @@ async def open_agent(
 
     ``session_id`` is the id a new session's ``session/start`` records (default: a fresh one); the
     CLI names the session folder after it. It is ignored when an existing session is resumed.
+
+    ``project_instructions`` (from :func:`find_project_instructions`) are added after the system
+    prompt (``system_prompt``, or andon's own), and ``session/start`` or ``session/resumed``
+    records which files they came from (docs/agent-loop.md, Project instructions).
     """
     if max_parallel is not None:
         check_max_parallel(max_parallel)  # before anything is opened: a bad value loses nothing
@@ -128,6 +134,9 @@ async def open_agent(
     pool_config = pool or WorkerPoolConfig()
     workdir = str(Path(cwd).resolve()) if cwd is not None else os.getcwd()
     prompt = system_prompt if system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+    added = project_instructions.record if project_instructions is not None else None
+    if project_instructions is not None:
+        prompt = project_instructions.add_to(prompt)
     log = SessionLog.open(session_dir, durability=durability, clock=clock)  # type: ignore[arg-type]
     try:
         loaded = log.loaded.events
@@ -144,6 +153,7 @@ async def open_agent(
                     record_model,
                     prompt,
                     log.loaded.repaired,
+                    added,
                 )
             )
             next_turn, next_step = state.next_turn, state.next_step
@@ -159,6 +169,7 @@ async def open_agent(
                     prompt,
                     os.getpid(),
                     socket.gethostname(),
+                    added,
                 )
             )
             next_turn, next_step = (), ()
