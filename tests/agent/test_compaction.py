@@ -102,3 +102,86 @@ async def test_a_strict_deepseek_server_accepts_every_request_of_a_compacted_ses
         "completed",
     ]
     assert_sound(tmp_path)
+
+
+async def _run(folder: Path, server: MockModelServer, *texts: str, **options: Any) -> Any:
+    model = from_spec(f"{server.base_url}#mock")
+    assert isinstance(model, OpenAICompatible)
+    try:
+        async with agent_for(folder, model, **options) as agent:
+            for text in texts:
+                agent.followup(text)
+                await agent.when_idle()
+            return agent.context_window
+    finally:
+        await model.aclose()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("shape", ["openai", "deepseek", "vllm", "llamacpp", "llama-cpp-python"])
+async def test_a_window_andon_did_not_know_is_learned_from_the_refusal(
+    tmp_path: Path, shape: str
+) -> None:
+    # No window given: the first request over the server's is refused, which names the window;
+    # andon compacts, sends it once more, and keeps within it from then on.
+    async with MockModelServer(
+        printing_job(30, 6000), context_window=8000, overflow_shape=shape, summaries=SUMMARY
+    ) as server:
+        learned = await _run(tmp_path, server, "print blocks")
+        assert server.overflows == 1
+    assert learned == 8000
+    log = records(tmp_path)
+    retries = [r["data"]["error"]["code"] for r in log if r["type"] == "llm/retry"]
+    assert retries == ["CONTEXT_OVERFLOW"]
+    assert [r["data"]["reason"]["kind"] for r in log if r["type"] == "turn/end"] == ["completed"]
+    assert_sound(tmp_path)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shape", ["openai", "llamacpp", "empty-stream"])
+async def test_a_prompt_too_long_for_any_compaction_fails_the_turn_clearly(
+    tmp_path: Path, shape: str
+) -> None:
+    async with MockModelServer(
+        [{"text": "never"}], context_window=2048, overflow_shape=shape, summaries=SUMMARY
+    ) as server:
+        await _run(tmp_path, server, "word " * 8000, context_window=2048)
+    (end,) = [r["data"]["reason"] for r in records(tmp_path) if r["type"] == "turn/end"]
+    assert end["kind"] == "error"
+    assert end["error"]["code"] == "CONTEXT_OVERFLOW"
+    assert "2048-token context window" in end["error"]["message"]
+    assert "context/compacted" not in [r["type"] for r in records(tmp_path)]
+    assert_sound(tmp_path)
+
+
+@pytest.mark.timeout(120)
+async def test_compact_between_turns_writes_records_without_a_turn(tmp_path: Path) -> None:
+    async with MockModelServer(
+        [*printing_job(6, 6000), *printing_job(1, 10)], summaries=SUMMARY
+    ) as server:
+        model = from_spec(f"{server.base_url}#mock")
+        assert isinstance(model, OpenAICompatible)
+        try:
+            # A window large enough for the first turn; then a smaller one for the next.
+            async with agent_for(tmp_path, model, context_window=100_000) as agent:
+                agent.followup("print blocks")
+                await agent.when_idle()
+                assert not await agent.compact()  # nothing to do: well within the window
+                assert await agent.compact(force=True)
+                agent.followup("once more")
+                await agent.when_idle()
+        finally:
+            await model.aclose()
+    log = records(tmp_path)
+    compacted = [r for r in log if r["type"].startswith("context/")]
+    assert compacted and all("turn" not in r["data"] for r in compacted)
+    assert [r["data"]["reason"]["kind"] for r in log if r["type"] == "turn/end"] == [
+        "completed",
+        "completed",
+    ]
+    assert_sound(tmp_path)
+    # The second turn was sent the summary in place of the oldest outputs (within a large
+    # window the summary replaces what is before the earliest cut that keeps 35 % of it).
+    last = json.dumps(sent(server)[-1]["messages"])
+    assert SUMMARY in last
+    assert last.count("a" * 6000) < 6

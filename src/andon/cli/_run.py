@@ -343,6 +343,9 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
             tg.create_task(_render(events, out, agent))
             # A reader that went away disposes the agent at once, not at the next event.
             out.on_closed(lambda: agent.cancel(Disposed()))
+            if signals.first is None and not job.created and _overflowed(job.session):
+                signals.agent = agent
+                await _compact_first(agent)
             if signals.first is None:  # a signal during the pool's start: no turn at all
                 signals.agent = agent
                 schema = job.output_schema
@@ -358,6 +361,27 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
                 if await _idle(agent, outcome) and wants_answer:  # else: no log read at the end
                     await _conclude(job, agent, out, signals, outcome)
             outcome.usage = dict(agent.usage)
+
+
+def _overflowed(folder: Path) -> bool:
+    """Whether the session's last turn ended because a request did not fit the window."""
+    from andon.session import TurnEnd, TurnFailed, iter_records
+
+    last = None
+    for record in iter_records(folder):
+        if isinstance(record.data, TurnEnd):
+            last = record.data.reason
+    return isinstance(last, TurnFailed) and last.code == "CONTEXT_OVERFLOW"
+
+
+async def _compact_first(agent: Any) -> None:
+    """A session whose last turn overflowed is compacted before it goes on (docs/agent-loop.md,
+    Compaction); if that fails, the turn's own overflow handling is what is left."""
+    from andon.base import Aborted, ModelError
+
+    # A signal is handled by the caller; a model failure shows again in the turn that follows.
+    with contextlib.suppress(ModelError, Aborted):
+        await agent.compact(force=True)
 
 
 async def _idle(agent: Any, outcome: _Outcome) -> bool:

@@ -297,6 +297,29 @@ class Agent:
             if sub in self._subscribers:
                 self._subscribers.remove(sub)
 
+    async def compact(self, *, force: bool = False) -> bool:
+        """Compact the history now, between turns, as a maintenance job (docs/agent-loop.md,
+        Compaction): if the next request would be over the window's budget, or with ``force``
+        whatever the estimate says (a session whose last turn overflowed). Its records carry no
+        turn. Returns whether anything changed; raises like :meth:`run_maintenance`, and a
+        model failure of the summary call as :class:`~andon.base.ModelError` (nothing is then
+        written). ``cancel()`` aborts it (:class:`~andon.base.Aborted`, nothing written)."""
+        changed = False
+        tools = tuple(self._registry.openai_schemas())
+
+        async def job(signal: AbortSignal) -> None:
+            nonlocal changed
+            changed = await self._context.fit(signal, tools, force=force)
+
+        await self.run_maintenance(job)
+        return changed
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's context window in tokens as the agent knows it (``None``: unknown); a
+        server's refusal can teach it."""
+        return self._context.window
+
     async def run_maintenance(self, job: Callable[[AbortSignal], Awaitable[None]]) -> None:
         """Run a non-turn job (e.g. compaction) while idle; it writes nothing to the log.
 

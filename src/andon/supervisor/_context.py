@@ -186,12 +186,14 @@ class ContextKeeper:
         turn: int | None = None,
         step: int | None = None,
         overflow: ModelError | None = None,
+        force: bool = False,
     ) -> bool:
         """Compact until the next request fits the budget (or nothing is left to compact);
         ``overflow`` is the error of a request the server refused as too long: compaction is then
-        forced whatever the estimate says. Returns whether anything changed."""
+        forced whatever the estimate says, as it is with ``force``. Returns whether anything
+        changed."""
         where = _Where(turn, step)
-        forced = overflow is not None
+        forced = force or overflow is not None
         if overflow is not None:
             self._learn(overflow, tools)
         window = self.window
