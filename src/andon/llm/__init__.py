@@ -40,6 +40,7 @@ from andon.llm._types import (
     ToolCallDelta,
     Usage,
 )
+from andon.llm._windows import discover_context_window, known_context_window
 
 __all__ = [
     "API_KEY_ENV_VARS",
@@ -71,7 +72,9 @@ __all__ = [
     "api_key_env_for",
     "build_request_body",
     "code_for_status",
+    "discover_context_window",
     "from_spec",
+    "known_context_window",
     "overflow_figures",
     "parse_retry_after",
     "reasoning_needed",
