@@ -217,7 +217,7 @@ async def _chat(job: _Job) -> int:
     out.line(_HELP, "dim")
     if sum(job.queued):
         out.line(f"{sum(job.queued)} queued item(s) parked; Enter on an empty line runs them")
-    from andon.cli._setup import agent_options
+    from andon.cli._setup import agent_options, context_window_for
 
     options = agent_options(
         job.settings,
@@ -225,6 +225,7 @@ async def _chat(job: _Job) -> int:
         cwd=job.cwd,
         system_prompt=job.system_prompt,
         session_id=job.session_id,
+        context_window=await context_window_for(job.settings, job.model),
     )
     try:
         async with andon.open_agent(job.session, **options) as agent:

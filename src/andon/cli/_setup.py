@@ -1,18 +1,32 @@
 """What every CLI session opens with (``andon run``, ``resume`` and ``chat``): the model its
-settings name and the ``open_agent`` options they give, in one place so that a setting cannot
-reach one command and miss another."""
+settings name, its context window and the ``open_agent`` options they give, in one place so that a
+setting cannot reach one command and miss another."""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import os
+from typing import Any, Final
 
 from andon.base import ConfigError
 from andon.cli._sessions import runtime_root
 from andon.cli._settings import Settings
 from andon.cli._workers import launcher_of
-from andon.llm import Model, from_spec
+from andon.llm import (
+    Model,
+    OpenAICompatible,
+    discover_context_window,
+    from_spec,
+    known_context_window,
+)
 
-__all__ = ["agent_options", "load_model"]
+__all__ = ["DISCOVERY_TIMEOUT", "agent_options", "context_window_for", "load_model"]
+
+_log = logging.getLogger("andon.cli")
+
+DISCOVERY_TIMEOUT: Final = 3.0
+"""How long a run waits, at most, for a server to say its context window before it starts
+without one (docs/ci.md, Settings)."""
 
 
 def load_model(spec: str | None, thinking: bool | None) -> Model:
@@ -24,6 +38,27 @@ def load_model(spec: str | None, thinking: bool | None) -> Model:
     return from_spec(spec, thinking=thinking)
 
 
+async def context_window_for(settings: Settings, model: Model) -> int | None:
+    """The model's context window: the setting; else the window andon knows for the spec; else,
+    for a server at a URL, what it says within :data:`DISCOVERY_TIMEOUT`; else ``None``."""
+    if settings.context_window is not None:
+        return settings.context_window
+    known = known_context_window(model.info.spec)
+    if known is not None:
+        return known
+    if not isinstance(model, OpenAICompatible) or model.info.provider == "openai":
+        return None  # a script, a custom adapter, or OpenAI's API (it does not say)
+    key_env = model.api_key_env
+    found = await discover_context_window(
+        model.base_url,
+        timeout=DISCOVERY_TIMEOUT,
+        model=model.info.name,
+        api_key=(os.environ.get(key_env, "").strip() or None) if key_env else None,
+    )
+    _log.debug("context window of %s from the server: %s", model.info.spec, found)
+    return found
+
+
 def agent_options(
     settings: Settings,
     *,
@@ -31,6 +66,7 @@ def agent_options(
     cwd: str | None,
     system_prompt: str | None,
     session_id: str | None,
+    context_window: int | None = None,
 ) -> dict[str, Any]:
     """The ``open_agent`` options every CLI session takes from its settings (``andon run``,
     ``resume`` and ``chat``), so that one setting cannot reach one command and miss another."""
@@ -50,4 +86,5 @@ def agent_options(
         "pass_env": settings.pass_env,
         "session_id": session_id,
         "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
+        "context_window": context_window,
     }

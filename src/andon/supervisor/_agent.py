@@ -142,6 +142,7 @@ class Agent:
         clock: Clock | None = None,
         next_turn: Sequence[UserMessage] = (),
         next_step: Sequence[UserMessage] = (),
+        context_window: int | None = None,
     ) -> None:
         if sum(isinstance(h, OnRequestError) for h in hooks) > 1:
             raise ConfigError(
@@ -149,6 +150,7 @@ class Agent:
                 "and two would contradict each other"
             )
         self._tasks = tasks
+        self._context_window = context_window
         self._logfile = log
         self._model = model
         self._model_name = model.info.name
@@ -188,6 +190,12 @@ class Agent:
     def status(self) -> Status:
         """``"running"`` only while a turn runs; idle and maintenance both read ``"idle"``."""
         return "running" if isinstance(self._phase, _Running) else "idle"
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's context window in tokens, as ``open_agent`` was given it (``None``:
+        unknown)."""
+        return self._context_window
 
     @property
     def session_dir(self) -> str:

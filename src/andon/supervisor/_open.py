@@ -68,6 +68,15 @@ def _check_logged_session_id(loaded: Sequence[Record]) -> None:
             return
 
 
+def _check_context_window(value: object) -> None:
+    """``context_window`` is ``None`` or a whole number of tokens of at least 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(
+            f"context_window must be a whole number of tokens of at least 1, or None (unknown), "
+            f"got {value!r}"
+        )
+
+
 def _secret_names(model: Model, secret_env: Sequence[str]) -> tuple[str, ...]:
     """andon's key variables, the caller's ``secret_env``, and the variable the model in use
     reads its key from (a custom adapter's ``api_key_env``), each once."""
@@ -97,6 +106,7 @@ async def open_agent(
     workers: WorkerPool | None = None,
     session_id: str | None = None,
     launcher: WorkerLauncher | None = None,
+    context_window: int | None = None,
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
@@ -114,7 +124,11 @@ async def open_agent(
 
     ``session_id`` is the id a new session's ``session/start`` records (default: a fresh one); the
     CLI names the session folder after it. It is ignored when an existing session is resumed.
+
+    ``context_window`` is the model's context window in tokens (``None``: unknown), kept as
+    :attr:`Agent.context_window`.
     """
+    _check_context_window(context_window)  # before anything is opened: a bad value loses nothing
     if max_parallel is not None:
         check_max_parallel(max_parallel)  # before anything is opened: a bad value loses nothing
     if session_id is not None:
@@ -198,6 +212,7 @@ async def open_agent(
                 clock=clock,
                 next_turn=next_turn,
                 next_step=next_step,
+                context_window=context_window,
             )
             # The caller's own exception must leave this block as it came in: a TaskGroup would
             # wrap it in an ExceptionGroup, so it is held across the group's exit, then re-raised.
