@@ -5,8 +5,13 @@ real adapter, streamed error events, and the bodies servers answer, read for the
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from andon.base import AbortController, ConfigError, ErrorCode, ModelError
@@ -253,3 +258,36 @@ def test_the_token_rule_and_bad_options() -> None:
         "llama-cpp-python",
         "empty-stream",
     }
+
+
+def test_the_mock_model_command_takes_a_window_and_a_shape(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "fits"}]))
+    andon = str(Path(sys.executable).parent / "andon")  # the CLI forwards the flags
+    argv = [andon, "mock-model", "--script", str(script), "--context-window", "20"]
+    proc = subprocess.Popen(
+        [*argv, "--overflow-shape", "llamacpp"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = f"{proc.stdout.readline().strip()}/chat/completions"
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * 200}]}
+        with httpx.Client(timeout=5.0) as client:
+            refused = client.post(url, json=body)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 20
+        assert error["n_prompt_tokens"] == mock_prompt_tokens(body)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    bad = subprocess.run(
+        [*argv, "--overflow-shape", "nope"], capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "--overflow-shape" in bad.stderr

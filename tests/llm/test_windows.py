@@ -68,6 +68,8 @@ async def test_ollama_loaded_model_context() -> None:
         {"/props": ok({"n_ctx": True}), "/v1/models": ok({"data": [{"max_model_len": -5}]})},
         {"/props": ok({"n_ctx": 2**40}), "/v1/models": ok({"data": [{"max_model_len": 1.5}]})},
         {"/props": (500, {}, b'{"n_ctx": 2048}')},
+        # llama-cpp-python's server: its models list names no window.
+        {"/v1/models": ok({"object": "list", "data": [{"id": "m", "owned_by": "me"}]})},
         {"/props": (200, {}, b"[" * 100_000)},
         {"/props": ok({"n_ctx": 2048, "pad": "x" * (2 << 20)})},  # too long to read
     ],
