@@ -15,7 +15,14 @@ import httpx
 import pytest
 
 from andon.base import AbortController, ConfigError, ErrorCode, ModelError
-from andon.llm import ModelRequest, OpenAICompatible, RetryPolicy, Usage, overflow_figures
+from andon.llm import (
+    ModelRequest,
+    OpenAICompatible,
+    RetryPolicy,
+    Scripted,
+    Usage,
+    overflow_figures,
+)
 from andon.llm._failures import Context, payload_error, status_error
 from andon.testing import OVERFLOW_SHAPES, SUMMARY_MARKER, MockModelServer, mock_prompt_tokens
 
@@ -291,3 +298,17 @@ def test_the_mock_model_command_takes_a_window_and_a_shape(tmp_path: Path) -> No
         [*argv, "--overflow-shape", "nope"], capture_output=True, text=True, timeout=30
     )
     assert bad.returncode == 2 and "--overflow-shape" in bad.stderr
+
+
+async def test_a_scripted_overflow_carries_its_figures_and_is_not_retried() -> None:
+    said = "request (300 tokens) exceeds the available context size (256 tokens)"
+    model = Scripted(
+        [{"error": {"code": "CONTEXT_OVERFLOW", "message": said}}, {"text": "never reached"}]
+    )
+    attempts = Attempts()
+    with pytest.raises(ModelError) as info:
+        async for _ in model.stream(SHORT, AbortController().signal, attempts):
+            pass
+    assert info.value.code is ErrorCode.CONTEXT_OVERFLOW
+    assert (info.value.limit, info.value.requested) == (256, 300)
+    assert attempts.count == 1
