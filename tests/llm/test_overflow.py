@@ -21,6 +21,7 @@ from andon.llm import (
     RetryPolicy,
     Scripted,
     Usage,
+    is_empty_stream,
     overflow_figures,
 )
 from andon.llm._failures import Context, payload_error, status_error
@@ -83,7 +84,7 @@ async def test_the_empty_stream_shape_is_a_truncated_stream_with_no_event() -> N
         error = await failure(model, LONG, Attempts())
         await model.aclose()
     assert error.code is ErrorCode.STREAM_TRUNCATED
-    assert "after 0 data event(s)" in error.message
+    assert is_empty_stream(error)
     assert server.overflows == 1
 
 
@@ -312,3 +313,18 @@ async def test_a_scripted_overflow_carries_its_figures_and_is_not_retried() -> N
     assert info.value.code is ErrorCode.CONTEXT_OVERFLOW
     assert (info.value.limit, info.value.requested) == (256, 300)
     assert attempts.count == 1
+
+
+async def test_a_stream_cut_after_data_is_not_an_empty_stream() -> None:
+    replies: list[dict[str, Any]] = [
+        {"text": "abcd", "chunk_size": 1, "truncate_after_chunks": 2},
+        {"raw_events": ["data: [DONE]"]},
+    ]
+    async with MockModelServer(replies) as server:
+        model = adapter(server)
+        cut = await failure(model, SHORT, Attempts())
+        done_only = await failure(model, SHORT, Attempts())
+        await model.aclose()
+    assert cut.code is ErrorCode.STREAM_TRUNCATED and not is_empty_stream(cut)
+    assert is_empty_stream(done_only)
+    assert not is_empty_stream(ModelError(ErrorCode.BAD_REQUEST, cut.message))
