@@ -5,12 +5,25 @@ real adapter, streamed error events, and the bodies servers answer, read for the
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from andon.base import AbortController, ConfigError, ErrorCode, ModelError
-from andon.llm import ModelRequest, OpenAICompatible, RetryPolicy, Usage, overflow_figures
+from andon.llm import (
+    ModelRequest,
+    OpenAICompatible,
+    RetryPolicy,
+    Scripted,
+    Usage,
+    is_empty_stream,
+    overflow_figures,
+)
 from andon.llm._failures import Context, payload_error, status_error
 from andon.testing import OVERFLOW_SHAPES, SUMMARY_MARKER, MockModelServer, mock_prompt_tokens
 
@@ -71,7 +84,7 @@ async def test_the_empty_stream_shape_is_a_truncated_stream_with_no_event() -> N
         error = await failure(model, LONG, Attempts())
         await model.aclose()
     assert error.code is ErrorCode.STREAM_TRUNCATED
-    assert "after 0 data event(s)" in error.message
+    assert is_empty_stream(error)
     assert server.overflows == 1
 
 
@@ -253,3 +266,65 @@ def test_the_token_rule_and_bad_options() -> None:
         "llama-cpp-python",
         "empty-stream",
     }
+
+
+def test_the_mock_model_command_takes_a_window_and_a_shape(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "fits"}]))
+    andon = str(Path(sys.executable).parent / "andon")  # the CLI forwards the flags
+    argv = [andon, "mock-model", "--script", str(script), "--context-window", "20"]
+    proc = subprocess.Popen(
+        [*argv, "--overflow-shape", "llamacpp"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = f"{proc.stdout.readline().strip()}/chat/completions"
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * 200}]}
+        with httpx.Client(timeout=5.0) as client:
+            refused = client.post(url, json=body)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 20
+        assert error["n_prompt_tokens"] == mock_prompt_tokens(body)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    bad = subprocess.run(
+        [*argv, "--overflow-shape", "nope"], capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "--overflow-shape" in bad.stderr
+
+
+async def test_a_scripted_overflow_carries_its_figures_and_is_not_retried() -> None:
+    said = "request (300 tokens) exceeds the available context size (256 tokens)"
+    model = Scripted(
+        [{"error": {"code": "CONTEXT_OVERFLOW", "message": said}}, {"text": "never reached"}]
+    )
+    attempts = Attempts()
+    with pytest.raises(ModelError) as info:
+        async for _ in model.stream(SHORT, AbortController().signal, attempts):
+            pass
+    assert info.value.code is ErrorCode.CONTEXT_OVERFLOW
+    assert (info.value.limit, info.value.requested) == (256, 300)
+    assert attempts.count == 1
+
+
+async def test_a_stream_cut_after_data_is_not_an_empty_stream() -> None:
+    replies: list[dict[str, Any]] = [
+        {"text": "abcd", "chunk_size": 1, "truncate_after_chunks": 2},
+        {"raw_events": ["data: [DONE]"]},
+    ]
+    async with MockModelServer(replies) as server:
+        model = adapter(server)
+        cut = await failure(model, SHORT, Attempts())
+        done_only = await failure(model, SHORT, Attempts())
+        await model.aclose()
+    assert cut.code is ErrorCode.STREAM_TRUNCATED and not is_empty_stream(cut)
+    assert is_empty_stream(done_only)
+    assert not is_empty_stream(ModelError(ErrorCode.BAD_REQUEST, cut.message))

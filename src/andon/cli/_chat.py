@@ -221,7 +221,7 @@ async def _chat(job: _Job) -> int:
     out.line(_HELP, "dim")
     if sum(job.queued):
         out.line(f"{sum(job.queued)} queued item(s) parked; Enter on an empty line runs them")
-    from andon.cli._setup import agent_options
+    from andon.cli._setup import agent_options, context_window_for
 
     options = agent_options(
         job.settings,
@@ -230,6 +230,7 @@ async def _chat(job: _Job) -> int:
         system_prompt=job.system_prompt,
         session_id=job.session_id,
         instructions=job.instructions,
+        context_window=await context_window_for(job.settings, job.model),
     )
     try:
         async with andon.open_agent(job.session, **options) as agent:

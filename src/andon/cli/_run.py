@@ -49,7 +49,7 @@ from andon.cli._output import (
 )
 from andon.cli._prices import cost
 from andon.cli._settings import Settings
-from andon.cli._setup import agent_options
+from andon.cli._setup import agent_options, context_window_for
 from andon.cli._signals import LEDGER
 from andon.cli._structured import (
     Answer,
@@ -320,6 +320,8 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
     hooks = []
     if s.turn_budget is not None or s.max_steps is not None:
         hooks.append(TurnBudget(seconds=s.turn_budget, steps=s.max_steps))
+    # Asked here, on the loop, so that a signal during the (bounded) question cancels it too.
+    window = await context_window_for(s, job.model)
     # A SessionLive or ConfigError raised while opening leaves here wrapped in an exception
     # group; ``andon.cli.main`` reports it as one line with exit code 2.
     async with asyncio.TaskGroup() as tg:  # noqa: SIM117 (the renderer outlives the agent)
@@ -332,6 +334,7 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
                 system_prompt=job.system_prompt,
                 session_id=job.session_id,
                 instructions=job.instructions,
+                context_window=window,
             ),
             hooks=hooks,
         ) as agent:

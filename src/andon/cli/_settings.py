@@ -49,6 +49,7 @@ class Settings:
     worker_start_timeout: float | None = None  # None: the pool's default
     turn_budget: float | None = None
     max_steps: int | None = None
+    context_window: int | None = None  # tokens; None: known for the spec, or asked of the server
     pass_env: tuple[str, ...] = ()
     thinking: bool | None = None
     workers_in: str = "local"  # or "container:IMAGE"
@@ -82,6 +83,19 @@ def _positive_int(name: str) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+MAX_CONTEXT_WINDOW: Final = 1 << 31
+"""The largest ``context_window`` accepted, in tokens: the largest windows are a few million."""
+
+
+def _context_window(text: str) -> int:
+    value = _positive_int("context-window")(text)
+    if value >= MAX_CONTEXT_WINDOW:
+        raise ConfigError(
+            f"context-window must be below {MAX_CONTEXT_WINDOW} tokens (got {text!r})"
+        )
+    return value
 
 
 def _interval(name: str) -> Callable[[str], float]:
@@ -155,6 +169,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "worker_start_timeout": _positive_float("worker-start-timeout"),
     "turn_budget": _positive_float("turn-budget"),
     "max_steps": _positive_int("max-steps"),
+    "context_window": _context_window,
     "pass_env": _names,
     "thinking": _switch("thinking"),
     "project_instructions": _switch("project-instructions"),
@@ -340,6 +355,12 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
             help="outside a terminal: say every S seconds that a silent tool or a slow start is "
             "still going (default 30; 0: never)",
         )
+    p.add_argument(
+        "--context-window",
+        metavar="N",
+        help="the model's context window in tokens (default: known for the model, or asked of "
+        "the server)",
+    )
     p.add_argument(
         "--pass-env",
         metavar="NAME",

@@ -1,23 +1,42 @@
 """What every CLI session opens with (``andon run``, ``resume`` and ``chat``): the model its
-settings name and the ``open_agent`` options they give, in one place so that a setting cannot
-reach one command and miss another."""
+settings name, its context window and the ``open_agent`` options they give, in one place so that a
+setting cannot reach one command and miss another."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import ConfigError
 from andon.cli._sessions import runtime_root
 from andon.cli._settings import Settings
 from andon.cli._workers import launcher_of
-from andon.llm import Model, from_spec
+from andon.llm import (
+    Model,
+    OpenAICompatible,
+    discover_context_window,
+    from_spec,
+    known_context_window,
+)
 
 if TYPE_CHECKING:
     from andon.supervisor import FoundInstructions
 
-__all__ = ["agent_options", "load_model", "project_instructions"]
+__all__ = [
+    "DISCOVERY_TIMEOUT",
+    "agent_options",
+    "context_window_for",
+    "load_model",
+    "project_instructions",
+]
+
+_log = logging.getLogger("andon.cli")
+
+DISCOVERY_TIMEOUT: Final = 3.0
+"""How long a run waits, at most, for a server to say its context window before it starts
+without one (docs/ci.md, Settings)."""
 
 
 def load_model(spec: str | None, thinking: bool | None) -> Model:
@@ -43,6 +62,27 @@ def project_instructions(settings: Settings, cwd: str | None) -> FoundInstructio
     return found
 
 
+async def context_window_for(settings: Settings, model: Model) -> int | None:
+    """The model's context window: the setting; else the window andon knows for the spec; else,
+    for a server at a URL, what it says within :data:`DISCOVERY_TIMEOUT`; else ``None``."""
+    if settings.context_window is not None:
+        return settings.context_window
+    known = known_context_window(model.info.spec)
+    if known is not None:
+        return known
+    if not isinstance(model, OpenAICompatible) or model.info.provider == "openai":
+        return None  # a script, a custom adapter, or OpenAI's API (it does not say)
+    key_env = model.api_key_env
+    found = await discover_context_window(
+        model.base_url,
+        timeout=DISCOVERY_TIMEOUT,
+        model=model.info.name,
+        api_key=(os.environ.get(key_env, "").strip() or None) if key_env else None,
+    )
+    _log.debug("context window of %s from the server: %s", model.info.spec, found)
+    return found
+
+
 def agent_options(
     settings: Settings,
     *,
@@ -51,6 +91,7 @@ def agent_options(
     system_prompt: str | None,
     session_id: str | None,
     instructions: FoundInstructions | None = None,
+    context_window: int | None = None,
 ) -> dict[str, Any]:
     """The ``open_agent`` options every CLI session takes from its settings (``andon run``,
     ``resume`` and ``chat``), so that one setting cannot reach one command and miss another."""
@@ -71,4 +112,5 @@ def agent_options(
         "session_id": session_id,
         "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
         "project_instructions": instructions,
+        "context_window": context_window,
     }

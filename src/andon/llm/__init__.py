@@ -7,7 +7,7 @@ Imports only ``andon.base`` (docs/architecture.md, Layers).
 
 from andon.llm._estimate import TokenEstimator
 from andon.llm._openai import OpenAICompatible
-from andon.llm._overflow import overflow_figures
+from andon.llm._overflow import is_empty_stream, overflow_figures
 from andon.llm._request import build_request_body, reasoning_needed
 from andon.llm._retry import (
     RETRYABLE_CODES,
@@ -42,6 +42,7 @@ from andon.llm._types import (
     ToolCallDelta,
     Usage,
 )
+from andon.llm._windows import discover_context_window, known_context_window
 
 __all__ = [
     "API_KEY_ENV_VARS",
@@ -75,7 +76,10 @@ __all__ = [
     "api_key_env_for",
     "build_request_body",
     "code_for_status",
+    "discover_context_window",
     "from_spec",
+    "is_empty_stream",
+    "known_context_window",
     "overflow_figures",
     "parse_retry_after",
     "reasoning_needed",

@@ -44,6 +44,7 @@ from httpx_sse import EventSource
 
 from andon.base import Aborted, AbortSignal, Cause, Clock, ErrorCode, ModelError, Timer
 from andon.llm._failures import Context, status_error, transport_error
+from andon.llm._overflow import EMPTY_STREAM
 from andon.llm._retry import parse_retry_after
 from andon.llm._sse import DONE, StreamParser
 from andon.llm._types import Chunk, Finish
@@ -269,7 +270,9 @@ class Attempt:
         if self._parser.finish is None:
             raise ModelError(
                 ErrorCode.STREAM_TRUNCATED,
-                f"the model stream ended without a finish reason after {self.data_events} "
+                EMPTY_STREAM
+                if self.data_events == 0
+                else f"the model stream ended without a finish reason after {self.data_events} "
                 "data event(s); the reply is incomplete",
             )
         self._deliver_finish()

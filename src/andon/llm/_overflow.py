@@ -33,7 +33,14 @@ from typing import Any, Final
 
 from andon.base import ErrorCode, ModelError
 
-__all__ = ["detect_overflow", "overflow_figures"]
+__all__ = ["EMPTY_STREAM", "detect_overflow", "is_empty_stream", "overflow_figures"]
+
+EMPTY_STREAM: Final = (
+    "the model stream ended without any event after 0 data event(s): the server accepted the "
+    "request and sent nothing (llama-cpp-python's server answers a streamed request longer than "
+    "its context window so); the reply is incomplete"
+)
+"""The message of the ``STREAM_TRUNCATED`` of an event stream that ended without a data event."""
 
 _OVERFLOW_NAMES: Final = ("context_length_exceeded", "exceed_context_size_error")
 """``code``/``type`` values that name the condition by themselves."""
@@ -141,3 +148,11 @@ def overflow_figures(error: ModelError | str) -> tuple[int | None, int | None]:
         text = error
     _, limit, requested = _from_text(text)
     return limit, requested
+
+
+def is_empty_stream(error: ModelError) -> bool:
+    """Whether ``error`` is an HTTP 200 event stream that ended without a single data event (or
+    with only ``[DONE]``): a ``STREAM_TRUNCATED`` that cannot be told from a context overflow by
+    itself (llama-cpp-python's server answers a streamed overflow so), only by a caller that knows
+    the request was near the window."""
+    return error.code == ErrorCode.STREAM_TRUNCATED and error.message == EMPTY_STREAM

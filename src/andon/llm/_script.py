@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from andon.base import FINISH_REASONS, MODEL_ERROR_CODES, ErrorCode, ModelError, ScriptInvalid
+from andon.llm._overflow import overflow_figures
 from andon.llm._retry import code_for_status
 from andon.llm._types import (
     Chunk,
@@ -104,7 +105,17 @@ class ScriptFailure:
         """The failure as the exception an adapter raises."""
         # A fresh exception per raise: an exception object carries its traceback, and a script
         # may be replayed many times.
-        return ModelError(self.code, self.message, status=self.status, retry_after=self.retry_after)
+        limit = requested = None
+        if self.code == ErrorCode.CONTEXT_OVERFLOW:  # the figures its message names, as over HTTP
+            limit, requested = overflow_figures(self.message)
+        return ModelError(
+            self.code,
+            self.message,
+            status=self.status,
+            retry_after=self.retry_after,
+            limit=limit,
+            requested=requested,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from andon.llm import (
     ModelRequest,
     TextDelta,
     Usage,
+    is_empty_stream,
     overflow_figures,
 )
 from andon.session import (
@@ -161,7 +162,7 @@ class ContextKeeper:
         """
         if error.code is ErrorCode.CONTEXT_OVERFLOW:
             return True
-        if error.code is not ErrorCode.STREAM_TRUNCATED or self.window is None:
+        if not is_empty_stream(error) or self.window is None:
             return False
         return self.estimator.estimate(request.messages, request.tools) > self.window // 2
 

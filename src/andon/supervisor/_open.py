@@ -69,6 +69,15 @@ def _check_logged_session_id(loaded: Sequence[Record]) -> None:
             return
 
 
+def _check_context_window(value: object) -> None:
+    """``context_window`` is ``None`` or a whole number of tokens of at least 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(
+            f"context_window must be a whole number of tokens of at least 1, or None (unknown), "
+            f"got {value!r}"
+        )
+
+
 def _secret_names(model: Model, secret_env: Sequence[str]) -> tuple[str, ...]:
     """andon's key variables, the caller's ``secret_env``, and the variable the model in use
     reads its key from (a custom adapter's ``api_key_env``), each once."""
@@ -125,6 +134,7 @@ async def open_agent(
     prompt (``system_prompt``, or andon's own), and ``session/start`` or ``session/resumed``
     records which files they came from (docs/agent-loop.md, Project instructions).
     """
+    _check_context_window(context_window)  # before anything is opened: a bad value loses nothing
     if max_parallel is not None:
         check_max_parallel(max_parallel)  # before anything is opened: a bad value loses nothing
     if session_id is not None:

@@ -8,6 +8,9 @@ serves what only a server can do wrong (each documented in docs/models.md): keep
 stalls before headers or mid-stream, truncated bodies, malformed chunks, ``{"error": …}`` events,
 dropped connections and the two failing finish reasons.
 
+With ``context_window=N`` it is a server with a window (``andon.testing._mock_window``: the
+token rule and each provider's refusal); with ``summaries`` it answers summary requests.
+
 With ``strict_reasoning=True`` (``--strict-reasoning`` of :func:`main`) it also enforces DeepSeek
 V4's thinking-mode rule the way the real API does: a request with thinking on whose messages hold a
 tool-using span with an assistant message lacking ``reasoning_content`` is answered HTTP 400 with
@@ -18,7 +21,7 @@ The server runs its own event loop in one thread, so it works from synchronous c
 and a client's measurements are not skewed by server work on the client's loop. Stopping cancels
 every connection handler and joins the thread: nothing is left behind.
 
-This module is long (about 900 lines) because it holds a whole test double in one place: the
+This module is long (about 1,100 lines) because it holds a whole test double in one place: the
 validation of the server-only reply options, the HTTP/SSE answers that realise them, and
 ``main``; each option is defined by its validation and its wire behaviour together.
 """
@@ -45,13 +48,14 @@ from typing import Any, Final, Literal
 import yaml
 
 from andon.base import ConfigError, ScriptInvalid
-from andon.llm import (
+from andon.llm import ReasoningDelta, ScriptParser, ScriptReply, TextDelta, ToolCallDelta
+from andon.testing._mock_window import (
+    MOCK_BYTES_PER_TOKEN,
+    OVERFLOW_SHAPES,
     SUMMARY_MARKER,
-    ReasoningDelta,
-    ScriptParser,
-    ScriptReply,
-    TextDelta,
-    ToolCallDelta,
+    last_text,
+    mock_prompt_tokens,
+    overflow_answer,
 )
 
 __all__ = [
@@ -96,97 +100,6 @@ _ERROR_TYPES: Final = {
 _KEEPALIVE: Final = b": keep-alive\n\n"
 _MALFORMED: Final = b'data: {"choices": [{"delta": {"content": "cut \n\n'
 _HEADER_LIMIT: Final = 64 * 1024
-
-OVERFLOW_SHAPES: Final[tuple[str, ...]] = (
-    "openai",
-    "deepseek",
-    "vllm",
-    "llamacpp",
-    "llama-cpp-python",
-    "empty-stream",
-)
-"""How the mock answers a request over its ``context_window`` (see :class:`MockModelServer`)."""
-
-
-MOCK_BYTES_PER_TOKEN: Final = 4
-"""The mock's one token rule: see :func:`mock_prompt_tokens`."""
-
-
-def mock_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """The prompt tokens the mock server counts for a chat-completions request ``body``: the
-    UTF-8 bytes of ``json.dumps([messages, tools], ensure_ascii=False, separators=(",", ":"))``
-    divided by :data:`MOCK_BYTES_PER_TOKEN` (4), rounded up (``tools`` is ``[]`` when absent).
-
-    One rule, documented, so a test can compute exactly what the mock will accept; no real
-    tokenizer works like this, which is the point: andon must calibrate from ``usage``."""
-    messages = body.get("messages", [])
-    tools = body.get("tools") or []
-    text = json.dumps([messages, tools], ensure_ascii=False, separators=(",", ":"))
-    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / MOCK_BYTES_PER_TOKEN)
-
-
-def _overflow_answer(shape: str, window: int, tokens: int, body: Mapping[str, Any]) -> bytes:
-    """The HTTP 400 body a real server of ``shape`` answers for a request of ``tokens`` prompt
-    tokens over a window of ``window`` (docs/models.md, The mock server)."""
-    completion = body.get("max_tokens")
-    if shape == "openai":
-        error: dict[str, Any] = {
-            "message": f"This model's maximum context length is {window} tokens. However, your "
-            f"messages resulted in {tokens} tokens. Please reduce the length of the messages.",
-            "type": "invalid_request_error",
-            "param": "messages",
-            "code": "context_length_exceeded",
-        }
-    elif shape in ("deepseek", "llama-cpp-python"):
-        # DeepSeek counts an absent max_tokens as 0; llama-cpp-python formats the request's
-        # max_tokens as it is, None included.
-        shown = completion if shape == "llama-cpp-python" else (completion or 0)
-        total = tokens + (completion if isinstance(completion, int) else 0)
-        error = {
-            "message": f"This model's maximum context length is {window} tokens. However, you "
-            f"requested {total} tokens ({tokens} in the messages, {shown} in the completion). "
-            "Please reduce the length of the messages or completion.",
-            "type": "invalid_request_error",
-            "param": "messages" if shape == "llama-cpp-python" else None,
-            "code": "context_length_exceeded"
-            if shape == "llama-cpp-python"
-            else "invalid_request_error",
-        }
-    elif shape == "vllm":
-        error = {
-            "message": f"This model's maximum context length is {window} tokens. However, your "
-            f"request has {tokens} input tokens. Please reduce the length of the input messages.",
-            "type": "BadRequestError",
-            "param": None,
-            "code": 400,
-        }
-    else:  # llamacpp
-        error = {
-            "code": 400,
-            "message": f"request ({tokens} tokens) exceeds the available context size "
-            f"({window} tokens), try increasing it",
-            "type": "exceed_context_size_error",
-            "n_prompt_tokens": tokens,
-            "n_ctx": window,
-        }
-    return json.dumps({"error": error}).encode()
-
-
-def _last_text(messages: object) -> str:
-    """The text of the last message of a request (its string content, or its text parts)."""
-    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], Mapping):
-        return ""
-    content = messages[-1].get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
-        )
-    return ""
-
 
 # --- the script -------------------------------------------------------------------------------
 
@@ -850,7 +763,7 @@ class MockModelServer:
         summary = (
             self._summary is not None
             and isinstance(body, dict)
-            and SUMMARY_MARKER in _last_text(body.get("messages"))
+            and SUMMARY_MARKER in last_text(body.get("messages"))
         )
         with self._lock:
             self._requests.append(
@@ -878,7 +791,7 @@ class MockModelServer:
             assert self._window is not None and tokens is not None
             if self._shape == "empty-stream":
                 return await self._empty_stream(keep, reader, writer)
-            answer = _overflow_answer(self._shape, self._window, tokens, body)
+            answer = overflow_answer(self._shape, self._window, tokens, body)
             await self._send(writer, 400, answer)
             return keep
         if refuse:
