@@ -37,6 +37,7 @@ from andon.llm import (
     overflow_figures,
 )
 from andon.session import (
+    AssistantMessage,
     ContextCompacted,
     ContextTrimmed,
     EventData,
@@ -64,6 +65,8 @@ SUMMARY_AT: Final = 0.8
 KEEP_SHARE: Final = 0.35
 """At most this share of the budget is kept verbatim after a summary (the rest is the summary and
 room to grow), so that the next compaction is many steps away."""
+RECALLED_REPLIES: Final = 3
+"""How many of a resumed session's last replies calibrate its estimate."""
 _ENTRY_CAPS: Final = (4000, 2000, 1000, 500, 250)
 """Characters of each message a summary request shows, tried in turn until the request fits."""
 
@@ -137,6 +140,28 @@ class ContextKeeper:
         self._system = system
         self._write = write
         self._on_usage = on_usage
+        self._recalled = False
+
+    def _recall(self, tools: Sequence[Mapping[str, Any]]) -> None:
+        """Calibrate the estimate from the session's own past (a resumed session's estimator
+        starts blank, and an uncalibrated estimate errs high: it would compact at once what a
+        moment ago fitted): what the last few replies said their requests cost."""
+        self._recalled = True
+        records = self._records()
+        system = {"role": "system", "content": self._system()}
+        found = 0
+        for index in range(len(records) - 1, -1, -1):
+            data = records[index].data
+            if not isinstance(data, AssistantMessage) or not data.usage:
+                continue
+            tokens = data.usage.get("prompt_tokens")
+            if not isinstance(tokens, int) or tokens <= 0:
+                continue
+            sent = [system, *(m for _, m in history_entries(records[:index]))]
+            self.estimator.observe(sent, tools, tokens)
+            found += 1
+            if found == RECALLED_REPLIES:
+                break
 
     # -- what the turn asks ----------------------------------------------------------------
 
@@ -193,6 +218,8 @@ class ContextKeeper:
         ``overflow`` is the error of a request the server refused as too long: compaction is then
         forced whatever the estimate says, as it is with ``force``. Returns whether anything
         changed."""
+        if not self._recalled:
+            self._recall(tools)
         where = _Where(turn, step)
         forced = force or overflow is not None
         if overflow is not None:
