@@ -291,11 +291,59 @@ class LlamaServer:
         self.stop()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of ``pid`` so far (``/proc/<pid>/stat`` fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(runs: int) -> None:
+    """Wall and CPU seconds of the server's start (to answering) and of a short request, median of
+    ``runs`` fresh servers."""
+    import statistics
+    import time
+
+    rows: dict[str, list[float]] = collections.defaultdict(list)
+    body = {
+        "model": MODEL_ALIAS,
+        "messages": [{"role": "user", "content": "say hi"}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    for _ in range(runs):
+        server = LlamaServer()
+        began = time.monotonic()
+        with server:
+            rows["start wall"].append(time.monotonic() - began)
+            rows["start cpu"].append(_cpu_seconds(server.pid))
+            for n in range(2):
+                cpu, began = _cpu_seconds(server.pid), time.monotonic()
+                reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=300)
+                reply.raise_for_status()
+                rows[f"request {n + 1} wall"].append(time.monotonic() - began)
+                rows[f"request {n + 1} cpu"].append(_cpu_seconds(server.pid) - cpu)
+            with open(f"/proc/{server.pid}/status") as f:
+                peak = next(line for line in f if line.startswith("VmHWM:"))
+            rows["peak rss GB"].append(int(peak.split()[1]) / 1e6)
+    print(f"{'figure':<16} {'median':>9} {'max':>7}   ({runs} servers, n_ctx 2048, 1 thread)")
+    for name, values in rows.items():
+        print(f"{name:<16} {statistics.median(values):>9.2f} {max(values):>7.2f}")
+
+
 def _main() -> None:
-    """``python -m tests.llamaserver``: start the server, print its spec, serve until Ctrl-C."""
+    """``python -m tests.llamaserver``: start the server, print its spec, serve until Ctrl-C;
+    ``python -m tests.llamaserver --measure N``: time N starts and short requests."""
     reason = why_unavailable()
     if reason is not None:
         sys.exit(reason)
+    if sys.argv[1:2] == ["--measure"]:
+        _measure(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+        return
+    # SIGTERM too ends it through the with block (a background job may be started with SIGINT
+    # ignored), so the server is stopped rather than left to its parent-death signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with LlamaServer(n_ctx=int(os.environ.get("N_CTX", "2048"))) as server:
         print(server.spec, flush=True)
         with contextlib.suppress(KeyboardInterrupt):
