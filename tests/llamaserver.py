@@ -111,12 +111,16 @@ def _free_port() -> int:
         return port
 
 
+# Looked up here, in the parent: the child between fork and exec only calls it (no dlopen there,
+# whose lock another thread of the parent may have held at the fork).
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
     # In the child, before exec: if the test process dies without stopping the server (SIGKILL,
     # the watchdog), the kernel ends the server too. The death signal follows the thread that
     # forked the server, so the fixture starts it from the test process's main thread.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class LlamaServer:
