@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from andon.base import call_tag, procs
-from andon.base.procs import ProcInfo
+from andon.base.procs import ProcessKey, ProcInfo
 
 __all__ = [
     "RUN_ENTRY",
@@ -27,11 +27,14 @@ __all__ = [
     "call_entry",
     "can_force_pids",
     "escapee_tree",
+    "keep_across_tests",
+    "kept_pids",
     "leftovers",
     "procs_with_marker",
     "session_leftovers",
     "spawn_at_pid",
     "tagged_processes",
+    "unkeep",
 ]
 
 # Every process this test run starts inherits this variable (children, grandchildren, escapees
@@ -43,9 +46,30 @@ os.environ[RUN_TAG_VAR] = secrets.token_hex(8)
 RUN_ENTRY = f"{RUN_TAG_VAR}={os.environ[RUN_TAG_VAR]}".encode()
 
 
-def tagged_processes() -> list[ProcInfo]:
-    """Live (non-zombie) processes, other than this one, that carry this run's tag."""
-    return procs.tagged(RUN_ENTRY, exclude=(os.getpid(),))
+# Tagged processes a session-long fixture keeps running from one test to the next (a model server
+# started once per test process): the check after each test passes over them, the check at the end
+# of the session does not, so one that its fixture failed to stop is still reported.
+_kept: set[ProcessKey] = set()
+
+
+def keep_across_tests(key: ProcessKey) -> None:
+    """Let the tagged process ``key`` outlive the tests (not the session) without being reported."""
+    _kept.add(key)
+
+
+def unkeep(key: ProcessKey) -> None:
+    _kept.discard(key)
+
+
+def kept_pids() -> tuple[int, ...]:
+    return tuple(k.pid for k in _kept)
+
+
+def tagged_processes(*, include_kept: bool = False) -> list[ProcInfo]:
+    """Live (non-zombie) processes, other than this one, that carry this run's tag (those kept
+    across tests, :func:`keep_across_tests`, only when ``include_kept``)."""
+    found = procs.tagged(RUN_ENTRY, exclude=(os.getpid(),))
+    return found if include_kept else [p for p in found if p.key not in _kept]
 
 
 def call_entry(owner: str, call_id: str) -> bytes:

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from andon.base import procs
-from tests.support import alive_after, tagged_processes
+from tests.support import alive_after, keep_across_tests, tagged_processes, unkeep
 
 
 def test_leftover_check_sees_a_double_forked_escapee() -> None:
@@ -32,6 +32,26 @@ def test_leftover_check_sees_a_double_forked_escapee() -> None:
         assert procs.signal_key(info.key, signal.SIGKILL)
     assert alive_after([info], timeout=5.0) == []
     assert pid not in [p.pid for p in tagged_processes()]
+
+
+def test_a_process_kept_across_tests_is_still_seen_at_the_end_of_the_session() -> None:
+    # A session-long fixture's process (the model server) is passed over by the check after each
+    # test, not by the one at the end of the session, which also sees it if its fixture forgot it.
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        info = procs.stat(proc.pid)
+        assert info is not None
+        assert proc.pid in [p.pid for p in tagged_processes()]
+        keep_across_tests(info.key)
+        try:
+            assert proc.pid not in [p.pid for p in tagged_processes()]
+            assert proc.pid in [p.pid for p in tagged_processes(include_kept=True)]
+        finally:
+            unkeep(info.key)
+        assert proc.pid in [p.pid for p in tagged_processes()]
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # A real sleep in a test: a call of time.sleep or asyncio.sleep, or sleep imported bare from either.
