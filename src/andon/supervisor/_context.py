@@ -191,6 +191,20 @@ class ContextKeeper:
             return False
         return self.estimator.estimate(request.messages, request.tools) > self.window // 2
 
+    def as_overflow(self, error: ModelError, request: ModelRequest) -> ModelError:
+        """``error`` (one :meth:`is_overflow` accepts) as the ``CONTEXT_OVERFLOW`` it stands for:
+        an empty stream is llama.cpp's way of saying so, and the log says what andon took it for."""
+        if error.code is ErrorCode.CONTEXT_OVERFLOW:
+            return error
+        tokens = self.estimator.estimate(request.messages, request.tools)
+        return ModelError(
+            ErrorCode.CONTEXT_OVERFLOW,
+            f"the server sent an empty stream for a request of about {tokens} tokens, over half "
+            f"the {self.window}-token context window: taken as too long for the window",
+            status=error.status,
+            limit=self.window,
+        )
+
     def too_long(self, request: ModelRequest, cause: ModelError | None = None) -> ModelError:
         """The turn's error when a request does not fit and nothing is left to compact."""
         tokens = self.estimator.estimate(request.messages, request.tools)

@@ -240,6 +240,7 @@ class _Turn:
             except ModelError as e:
                 if signal.aborted or attempts.streamed or not host.context.is_overflow(e, request):
                     raise
+                e = host.context.as_overflow(e, request)
                 if attempts.compacted:
                     raise host.context.too_long(request, e) from None
                 # Too long for the window: compact (forced) and send it once more.
