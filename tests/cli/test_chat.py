@@ -464,3 +464,34 @@ def test_chat_adds_the_project_instructions_and_reads_them_again_on_resume(
     assert again.endswith("--- AGENTS.md ---\nROOT-RULE two.\n")
     assert again.count("# Project instructions") == 1 and "ROOT-RULE one." not in again
     assert_balanced(tmp_path / "s")
+
+
+def test_compact_summarises_the_history_between_turns(
+    tmp_path: Path, children: list[pexpect.spawn[str]]
+) -> None:
+    model = script(
+        tmp_path / "script.json",
+        [
+            {"text": "First answer."},
+            {"text": "Second answer."},
+            {"text": "The user said hello; andon answered."},  # the summary call's reply
+            {"text": "Third answer."},
+        ],
+    )
+    child = spawn(tmp_path, model, "--context-window", "100000")
+    children.append(child)
+    for text, answer in (("hello", "First answer."), ("again", "Second answer.")):
+        child.send(f"{text}\r")
+        child.expect(answer)
+        child.expect("ended: completed")
+    child.send("/compact\r")
+    child.expect("history compacted")
+    child.send("and now\r")
+    child.expect("Third answer.")
+    child.expect("turn 3 ended: completed")
+    quit_chat(child)
+    log = records(tmp_path / "s")
+    (compacted,) = [r["data"] for r in log if r["type"] == "context/compacted"]
+    assert compacted["summary"] == "The user said hello; andon answered."
+    assert "turn" not in compacted  # written between turns
+    assert_balanced(tmp_path / "s")

@@ -41,7 +41,7 @@ __all__ = ["register", "run"]
 _HANDLED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HELP: Final = (
     "Enter queues a follow-up · /steer TEXT · /inject TEXT · Esc or Ctrl-C cancels the turn "
-    "(twice: kill now) · /cancel keep · Ctrl-D quits"
+    "(twice: kill now) · /cancel keep · /compact (summarise the history now) · Ctrl-D quits"
 )
 
 
@@ -124,6 +124,7 @@ class _Chat:
     signal_first: int | None = None
     quitting: bool = False
     queue: dict[str, int] = field(default_factory=lambda: {"next-turn": 0, "next-step": 0})
+    compacting: asyncio.Task[None] | None = None  # a /compact in progress
 
     @property
     def running(self) -> bool:
@@ -329,11 +330,36 @@ def _command(chat: _Chat, text: str) -> bool:
                 )
             elif not was_running:
                 out.line("nothing running; the queue is cleared", "dim")
+        case "/compact" if not rest:
+            if chat.running or chat.compacting is not None:
+                out.line("/compact waits for an idle agent: the turn or a compaction runs", "dim")
+            else:
+                chat.compacting = asyncio.get_running_loop().create_task(_compact(chat))
         case "/help":
             out.line(_HELP, "dim")
         case _:
             out.line(f"unknown command {line!r}; {_HELP}", "red")
     return False
+
+
+async def _compact(chat: _Chat) -> None:
+    """``/compact``: summarise the history now, as a maintenance job (docs/agent-loop.md,
+    Compaction); /cancel stops it, and a message typed meanwhile waits for it."""
+    from andon.base import Aborted, AndonError
+
+    out = chat.out
+    out.line("compacting the history …", "dim")
+    try:
+        changed = await chat.agent.compact(force=True)
+    except Aborted:
+        out.line("compaction stopped; nothing was changed", "yellow")
+    except (AndonError, RuntimeError) as e:
+        out.line(f"compaction failed: {e}", "red")
+    else:
+        out.line("history compacted" if changed else "nothing to compact", "dim")
+    finally:
+        chat.compacting = None
+        chat.invalidate()
 
 
 async def _render(events: Any, chat: _Chat) -> None:
