@@ -87,3 +87,43 @@ def test_a_200_step_job_completes_within_the_window_and_resumes(tmp_path: Path, 
     assert first[len(last)]["content"] == "all blocks printed"
     assert first[-1]["content"] == "and now?"
     assert_balanced(session)
+
+
+def test_a_session_whose_last_turn_overflowed_is_compacted_before_it_goes_on(
+    tmp_path: Path,
+) -> None:
+    session = tmp_path / "session"
+    refusal = {
+        "error": {
+            "status": 400,
+            "message": "This model's maximum context length is 6000 tokens. However, you "
+            "requested 9000 tokens (9000 in the messages, None in the completion).",
+        }
+    }
+    prose = "The step went through; the log is long and says so at length. " * 25
+    steps = [
+        {"text": prose, "tool_calls": [{"name": "bash", "arguments": {"command": "echo ok"}}]}
+        for _ in range(3)
+    ]
+    # Refused, then the summary call that would make room is refused too: the turn overflows.
+    with MockModelServer([*steps, refusal, refusal]) as server:
+        done = _andon(
+            "run", "--model", f"{server.base_url}#mock", "--session", str(session), "go",
+            cwd=tmp_path,
+        )  # fmt: skip
+    assert done.returncode == 7, done.stderr
+    assert "context/compacted" not in [r["type"] for r in records(session)]
+    with MockModelServer([{"text": "went on"}], summaries=SUMMARY) as server:
+        again = _andon(
+            "resume", str(session), "go on", "--model", f"{server.base_url}#mock",
+            "--context-window", "6000", cwd=tmp_path,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        (first,) = _steps(server)
+    log = records(session)
+    types = [r["type"] for r in log]
+    compacted = types.index("context/compacted")
+    assert "turn" not in log[compacted]["data"]  # between the turns, before the new one
+    assert types.index("turn/start", compacted) > compacted
+    assert SUMMARY in json.dumps(first)
+    assert_balanced(session)
