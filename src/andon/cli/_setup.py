@@ -70,6 +70,10 @@ async def context_window_for(settings: Settings, model: Model) -> int | None:
     known = known_context_window(model.info.spec)
     if known is not None:
         return known
+    from andon.cli._structured import SchemaModel
+
+    if isinstance(model, SchemaModel):  # --output-schema wraps the adapter that knows the URL
+        model = model.inner
     if not isinstance(model, OpenAICompatible) or model.info.provider == "openai":
         return None  # a script, a custom adapter, or OpenAI's API (it does not say)
     key_env = model.api_key_env
