@@ -185,3 +185,24 @@ async def test_compact_between_turns_writes_records_without_a_turn(tmp_path: Pat
     last = json.dumps(sent(server)[-1]["messages"])
     assert SUMMARY in last
     assert last.count("a" * 6000) < 6
+
+
+@pytest.mark.timeout(120)
+async def test_the_newest_results_reach_the_model_whole(tmp_path: Path) -> None:
+    # Prose piles up (nothing the first tier can stub), then one large output: the summary
+    # that makes room for it must not take it in, or the model would never see it whole.
+    prose = "The step went through as expected; nothing to report. " * 30
+    job: list[dict[str, Any]] = [
+        {"text": prose, "tool_calls": [{"name": "bash", "arguments": {"command": "echo ok"}}]}
+        for _ in range(5)
+    ]
+    big = "printf '%8000s' | tr ' ' b"
+    job.append({"tool_calls": [{"name": "bash", "arguments": {"command": big}}]})
+    job.append({"text": "done"})
+    async with MockModelServer(job, context_window=6000, summaries=SUMMARY) as server:
+        await _run(tmp_path, server, "print", context_window=6000)
+        assert server.overflows == 0
+        after_big = sent(server)[6]["messages"]
+    assert "b" * 8000 in json.dumps(after_big)
+    assert SUMMARY in json.dumps(after_big)  # room was made by a summary, around it
+    assert_sound(tmp_path)

@@ -326,15 +326,18 @@ class ContextKeeper:
         if first_user is None:
             return False
         last_cut = max((r.seq for r in records if isinstance(r.data, ContextCompacted)), default=-1)
-        starts = [
+        # The newest steps are always kept: between turns the last one; inside a step the
+        # current one (its user messages are in) and the one before it, whose results the model
+        # has not seen yet (a summary of them would be all it ever saw of them).
+        latest = _recent_steps_start(records, KEEP_STEPS + (1 if where.step else 0))
+        candidates = [
             r.seq
             for r in records
-            if isinstance(r.data, StepStart) and r.seq > max(first_user, last_cut)
+            if isinstance(r.data, StepStart)
+            and max(first_user, last_cut) < r.seq
+            and (latest < 0 or r.seq <= latest)
         ]
-        # Inside a step the current one is always kept: its user messages are already in.
-        current = starts[-1] if where.step is not None and starts else None
-        candidates = [s for s in starts if current is None or s <= current]
-        if not candidates:
+        if latest < 0 or not candidates:
             return False
         system = {"role": "system", "content": self._system()}
         keep_budget = int(budget_for(window) * KEEP_SHARE)
