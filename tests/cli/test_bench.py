@@ -212,7 +212,7 @@ SMALL_JOB = ("--steps", "30", "--output-bytes", "4096", "--window", "6000")
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)  # ~7 s on an idle 2-core machine: two runs of 31 requests
 def test_context_keeps_every_request_within_the_window(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(capsys, "context", *SMALL_JOB)
     with_, without, floor = data["with"], data["without"], data["floor"]
@@ -232,21 +232,27 @@ def test_context_keeps_every_request_within_the_window(capsys: pytest.CaptureFix
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_context_table_through_python_m() -> None:
+    # Smaller still: the table's rows and the progress lines, with one compaction in it.
+    job = ("--steps", "12", "--output-bytes", "4096", "--window", "4000")
     out = subprocess.run(
-        [sys.executable, "-m", "andon", "bench", "context", *SMALL_JOB],
+        [sys.executable, "-m", "andon", "bench", "context", *job],
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=200,
     )
     assert out.returncode == 0, out.stderr
     rows = {line.split("  ")[0].strip(): line.split() for line in out.stdout.splitlines()}
     assert {"with compaction", "without", "floor"} <= set(rows)
     assert rows["with compaction"][-1] == "0"  # over the window
+    largest = {
+        name: int(rows[name][-9].replace(",", "")) for name in ("with compaction", "without")
+    }
+    assert largest["with compaction"] <= 4000 < largest["without"]
     assert "without / with, total prompt tokens:" in out.stdout
-    assert "andon bench: context: with compaction: 30 of 30\n" in out.stderr
-    assert "andon bench: context: without: 30 of 30\n" in out.stderr
+    assert "andon bench: context: with compaction: 12 of 12\n" in out.stderr
+    assert "andon bench: context: without: 12 of 12\n" in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -265,3 +271,23 @@ def test_context_usage_errors_exit_2(
     assert run(parse("context", *argv)) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"andon bench: {said}") and err.count("\n") == 1, err
+
+
+def test_the_context_floor_is_the_system_prompt_the_task_and_the_newest_step() -> None:
+    from andon.cli.bench._context import _floor
+    from andon.testing import mock_prompt_tokens
+
+    def step(n: int) -> list[dict[str, Any]]:
+        call = {"id": f"c{n}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": str(n) * 5000},
+        ]
+
+    head = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "print"}]
+    tools = [{"type": "function", "function": {"name": "bash"}}]
+    body = {"messages": [*head, *step(1), *step(2), *step(3)], "tools": tools}
+    assert _floor(body) == mock_prompt_tokens({"messages": [*head, *step(3)], "tools": tools})
+    assert _floor({"messages": head, "tools": tools}) == mock_prompt_tokens(
+        {"messages": head, "tools": tools}
+    )
