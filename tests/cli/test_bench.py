@@ -260,7 +260,7 @@ def test_context_table_through_python_m() -> None:
     [
         (("--steps", "0"), "--steps must be at least 1"),
         (("--output-bytes", "0"), "--output-bytes must be 1 to"),
-        (("--output-bytes", str(2 << 20)), "--output-bytes must be 1 to"),
+        (("--output-bytes", "16385"), "--output-bytes must be 1 to 16,384"),
         (("--window", "100"), "--window must be at least 2048"),
     ],
     ids=str,

@@ -242,7 +242,7 @@ def _context_problem(args: argparse.Namespace) -> str | None:
     if args.window < MIN_WINDOW:
         return (
             f"--window must be at least {MIN_WINDOW} tokens (the system prompt and the tools "
-            f"alone take about 1,100), got {args.window}"
+            f"alone take about 650), got {args.window}"
         )
     return None
 

@@ -41,12 +41,12 @@ __all__ = ["MAX_OUTPUT_BYTES", "MIN_WINDOW", "PRICED_AS", "run_context"]
 
 PRICED_AS: Final = "deepseek-v4-flash"
 """The built-in price the cost column uses (src/andon/cli/_prices.py)."""
-MAX_OUTPUT_BYTES: Final = 1 << 20
-"""The largest ``--output-bytes`` (a step's output beyond the bash tool's kept head and tail
-would measure the tool's cut, not compaction)."""
+MAX_OUTPUT_BYTES: Final = 16 * 1024
+"""The largest ``--output-bytes``: a tool result keeps the head and the tail of a longer output
+(8 KiB each, the executor's default), so a larger one would measure that cut, not compaction."""
 MIN_WINDOW: Final = 2048
-"""The smallest ``--window``: the system prompt and the tool schemas alone take about 1,100 of
-the mock's tokens, and a window must also hold the task, one step and the reply's room."""
+"""The smallest ``--window``: the system prompt, the tool schemas and the task take about 650 of
+the mock's tokens, and a window must also hold a step and the room kept for the reply."""
 TASK: Final = "Print the blocks, one bash call a step, then say you are done."
 SUMMARY: Final = (
     "Summary: the task is to print blocks of text with bash, one call a step. Every block so "
