@@ -206,3 +206,88 @@ def test_exit_waits_for_the_tool_s_ready_line_not_for_the_command_text() -> None
     assert stream.read() == b"after\n"  # it stopped at the tool's own line, not before
     with pytest.raises(RuntimeError):
         _until_ready(io.BytesIO(lines[0]))
+
+
+SMALL_JOB = ("--steps", "30", "--output-bytes", "4096", "--window", "6000")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # ~7 s on an idle 2-core machine: two runs of 31 requests
+def test_context_keeps_every_request_within_the_window(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, "context", *SMALL_JOB)
+    with_, without, floor = data["with"], data["without"], data["floor"]
+    assert with_["step_requests"] == without["step_requests"] == 31  # 30 steps and the answer
+    # With compaction every request fits the window; the job without it outgrows it many times.
+    assert with_["requests_over_window"] == 0 and with_["refused"] == 0
+    assert with_["prompt_tokens_per_step"]["max"] <= 6000
+    assert without["prompt_tokens_per_step"]["max"] > 4 * with_["prompt_tokens_per_step"]["max"]
+    assert without["requests_over_window"] > 0 and without["summary_calls"] == 0
+    assert with_["summary_calls"] >= 1 and with_["summary_prompt_tokens"] > 0
+    assert data["ratio_without_with"] > 2
+    assert (
+        without["prompt_tokens_total"] > with_["prompt_tokens_total"] > floor["prompt_tokens_total"]
+    )
+    assert floor["prompt_tokens_per_step"]["max"] < with_["prompt_tokens_per_step"]["max"]
+    assert 0 < with_["usd"] < without["usd"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_context_table_through_python_m() -> None:
+    # Smaller still: the table's rows and the progress lines, with one compaction in it.
+    job = ("--steps", "12", "--output-bytes", "4096", "--window", "4000")
+    out = subprocess.run(
+        [sys.executable, "-m", "andon", "bench", "context", *job],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {line.split("  ")[0].strip(): line.split() for line in out.stdout.splitlines()}
+    assert {"with compaction", "without", "floor"} <= set(rows)
+    assert rows["with compaction"][-1] == "0"  # over the window
+    largest = {
+        name: int(rows[name][-9].replace(",", "")) for name in ("with compaction", "without")
+    }
+    assert largest["with compaction"] <= 4000 < largest["without"]
+    assert "without / with, total prompt tokens:" in out.stdout
+    assert "andon bench: context: with compaction: 12 of 12\n" in out.stderr
+    assert "andon bench: context: without: 12 of 12\n" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (("--steps", "0"), "--steps must be at least 1"),
+        (("--output-bytes", "0"), "--output-bytes must be 1 to"),
+        (("--output-bytes", "16385"), "--output-bytes must be 1 to 16,384"),
+        (("--window", "100"), "--window must be at least 2048"),
+    ],
+    ids=str,
+)
+def test_context_usage_errors_exit_2(
+    argv: tuple[str, ...], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(parse("context", *argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"andon bench: {said}") and err.count("\n") == 1, err
+
+
+def test_the_context_floor_is_the_system_prompt_the_task_and_the_newest_step() -> None:
+    from andon.cli.bench._context import _floor
+    from andon.testing import mock_prompt_tokens
+
+    def step(n: int) -> list[dict[str, Any]]:
+        call = {"id": f"c{n}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": str(n) * 5000},
+        ]
+
+    head = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "print"}]
+    tools = [{"type": "function", "function": {"name": "bash"}}]
+    body = {"messages": [*head, *step(1), *step(2), *step(3)], "tools": tools}
+    assert _floor(body) == mock_prompt_tokens({"messages": [*head, *step(3)], "tools": tools})
+    assert _floor({"messages": head, "tools": tools}) == mock_prompt_tokens(
+        {"messages": head, "tools": tools}
+    )

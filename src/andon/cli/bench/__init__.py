@@ -2,8 +2,9 @@
 from the same run.
 
 ``register(subparsers)`` adds the ``bench`` subcommand to an argparse parser; ``run(args)`` runs it
-and returns the exit code (0; 1 when an andon scenario left a process or wrote after its stop; 2 on
-a usage error such as ``--plot`` without matplotlib).
+and returns the exit code (0; 1 when an andon scenario left a process or wrote after its stop, or
+the ``context`` job did not complete; 2 on a usage error such as ``--plot`` without matplotlib or
+a ``--window`` too small).
 """
 
 from andon.cli.bench._command import register, run

@@ -19,7 +19,7 @@ from ._stats import ms, table
 
 __all__ = ["register", "run"]
 
-KINDS = ("interrupt", "exit", "dispatch", "recovery", "all")
+KINDS = ("interrupt", "exit", "dispatch", "recovery", "context", "all")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,6 +35,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--plot", metavar="FILE.png", help="latency distribution per scenario")
     p.add_argument("--max-events", type=int, default=1_000_000, help="recovery: largest log")
+    p.add_argument(
+        "--steps", type=int, default=200, help="context: bash steps of the job (default 200)"
+    )
+    p.add_argument(
+        "--output-bytes",
+        type=int,
+        default=8192,
+        help="context: bytes each step prints (default 8192)",
+    )
+    p.add_argument(
+        "--window", type=int, default=16000, help="context: the window in tokens (default 16000)"
+    )
     p.add_argument(
         "--remote",
         choices=("auto", "off"),
@@ -138,7 +150,12 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("andon bench: --plot needs matplotlib: pip install andon[plot]", file=sys.stderr)
             return 2
-    kinds = ["interrupt", "exit", "dispatch", "recovery"] if args.kind == "all" else [args.kind]
+    problem = _context_problem(args)
+    if problem is not None:
+        print(f"andon bench: {problem}", file=sys.stderr)
+        return 2
+    every = ["interrupt", "exit", "dispatch", "recovery", "context"]
+    kinds = every if args.kind == "all" else [args.kind]
     if (args.engine is None) != (args.image is None):
         print("andon bench: --engine and --image go together", file=sys.stderr)
         return 2
@@ -186,6 +203,14 @@ def _run_kinds(
                 rows, notes = asyncio.run(remote_dispatch_rows(args.runs, engine, progress))
                 data["remote"] = rows
                 text += "\n\n" + _remote_table("dispatch by where the worker runs", rows, notes)
+        elif kind == "context":
+            from ._context import run_context
+
+            data, text, failed = run_context(args.steps, args.output_bytes, args.window, progress)
+            if failed is not None:
+                progress.end()
+                print(f"andon bench: {failed}", file=sys.stderr)
+                code = max(code, 1)
         else:
             from ._recovery import run_recovery
 
@@ -203,6 +228,23 @@ def _run_kinds(
         plot(out["interrupt"], args.plot)
         print(f"andon: plot: {args.plot}", file=sys.stderr)
     return code
+
+
+def _context_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the ``context`` flags, or None (checked whatever the kind: a bad value
+    is a mistake even where it is not used)."""
+    from ._context import MAX_OUTPUT_BYTES, MIN_WINDOW
+
+    if args.steps < 1:
+        return f"--steps must be at least 1, got {args.steps}"
+    if not 1 <= args.output_bytes <= MAX_OUTPUT_BYTES:
+        return f"--output-bytes must be 1 to {MAX_OUTPUT_BYTES:,}, got {args.output_bytes}"
+    if args.window < MIN_WINDOW:
+        return (
+            f"--window must be at least {MIN_WINDOW} tokens (the system prompt and the tools "
+            f"alone take about 650), got {args.window}"
+        )
+    return None
 
 
 def _remote_table(title: str, rows: dict[str, Any], notes: list[str]) -> str:
