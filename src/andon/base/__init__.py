@@ -30,6 +30,7 @@ from andon.base._errors import (
     WorkerLost,
     naming_file,
 )
+from andon.base._files import SmallFile, UnreadableFile, read_small_file
 from andon.base._grace import GracePolicy
 from andon.base._ids import (
     call_id,
@@ -131,12 +132,14 @@ __all__ = [
     "SessionError",
     "SessionLive",
     "SignalStage",
+    "SmallFile",
     "Stream",
     "SystemClock",
     "Timeout",
     "Timer",
     "TurnEndKind",
     "UnknownMessage",
+    "UnreadableFile",
     "User",
     "VersionMismatch",
     "WorkerError",
@@ -158,6 +161,7 @@ __all__ = [
     "name_path",
     "naming_file",
     "parse_call_id",
+    "read_small_file",
     "session_id",
     "shape",
     "show_name",

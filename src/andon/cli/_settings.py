@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from andon.base import ConfigError, GracePolicy, clean_text
+from andon.base import ConfigError, GracePolicy, UnreadableFile, clean_text, read_small_file
 from andon.cli._prices import Price, parse_prices
 from andon.cli._workers import CONTAINERS, ContainerSettings, parse_containers, workers_in
 
@@ -186,32 +185,18 @@ MAX_TOML_BYTES: Final = 1 << 20
 
 
 def _toml_bytes(path: Path) -> bytes | None:
-    """The bytes of ``path``, or None if there is no such file.
-
-    Opened non-blocking and checked with ``fstat`` before reading, so a FIFO or a device that
-    happens to be called andon.toml is refused instead of hanging (or never ending) the read.
-    """
+    """The bytes of ``path``, or None if there is no such file (read the one safe way:
+    ``andon.base.read_small_file``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        found = read_small_file(path, MAX_TOML_BYTES)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise ConfigError(f"{path}: is a folder, not a settings file")
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{path}: is not a regular file")
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_TOML_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TOML_BYTES:
+    except UnreadableFile as e:
+        reason = "is a folder, not a settings file" if "folder" in e.reason else e.reason
+        raise ConfigError(f"{path}: {reason}") from None
+    if found.over(MAX_TOML_BYTES):
         raise ConfigError(f"{path}: larger than {MAX_TOML_BYTES} bytes; not a settings file")
-    return data
+    return found.data
 
 
 def _toml_table(path: Path, data: bytes) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import jsonschema.exceptions
 import jsonschema.protocols
 import jsonschema.validators
 
-from andon.base import AbortSignal, ConfigError
+from andon.base import AbortSignal, ConfigError, UnreadableFile, read_small_file
 from andon.llm import (
     Chunk,
     Model,
@@ -96,27 +96,17 @@ class Mismatch:
 
 
 def _read_schema_bytes(path: str) -> bytes:
-    """The file's bytes; opened non-blocking and checked first, so a FIFO is refused, not read
-    for ever."""
+    """The file's bytes, read the one safe way (``andon.base.read_small_file``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
+        found = read_small_file(path, MAX_SCHEMA_BYTES)
+    except FileNotFoundError as e:
         raise ConfigError(f"{_FLAG} {path}: cannot read it: {e.strerror or e}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise ConfigError(f"{_FLAG} {path}: is a folder, not a schema file")
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{_FLAG} {path}: is not a regular file")
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_SCHEMA_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{_FLAG} {path}: cannot read it: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_SCHEMA_BYTES:
+    except UnreadableFile as e:
+        reason = "is a folder, not a schema file" if "folder" in e.reason else e.reason
+        raise ConfigError(f"{_FLAG} {path}: {reason}") from None
+    if found.over(MAX_SCHEMA_BYTES):
         raise ConfigError(f"{_FLAG} {path}: larger than {MAX_SCHEMA_BYTES} bytes; not a schema")
-    return data
+    return found.data
 
 
 def load_output_schema(path: str) -> OutputSchema:

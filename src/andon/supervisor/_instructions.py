@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from andon.base import clean_text, show_name
+from andon.base import UnreadableFile, clean_text, read_small_file, show_name
 from andon.session import InstructionFile, ProjectInstructions
 
 __all__ = [
@@ -136,26 +136,17 @@ def _read(path: Path, root: Path) -> tuple[bytes, bool, int] | None:
         if target != root and root not in target.parents:
             raise _Skip(f"a symlink to {show_name(str(target))}, outside {show_name(str(root))}")
     try:
-        # Non-blocking: a FIFO called AGENTS.md is refused below instead of hanging the start.
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise _Skip(f"cannot read it: {e.strerror or e}") from None
-    try:
-        mode = os.fstat(fd)
-        if stat.S_ISDIR(mode.st_mode):
-            raise _Skip("a folder, not a file")
-        if not stat.S_ISREG(mode.st_mode):
-            raise _Skip("not a regular file")
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_INSTRUCTION_BYTES + 1)
-    except OSError as e:
-        raise _Skip(f"cannot read it: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-    if len(data) <= MAX_INSTRUCTION_BYTES:
+        # The one safe way: a FIFO called AGENTS.md is refused instead of hanging the start.
+        found = read_small_file(target, MAX_INSTRUCTION_BYTES)
+    except FileNotFoundError:
+        raise _Skip("cannot read it: No such file or directory") from None
+    except UnreadableFile as e:
+        raise _Skip(e.reason.removeprefix("is ")) from None
+    data = found.data
+    if not found.over(MAX_INSTRUCTION_BYTES):
         return data, False, len(data)
     cut = _boundary(data, MAX_INSTRUCTION_BYTES)
-    return data[:cut], True, max(mode.st_size, len(data))
+    return data[:cut], True, max(found.size, len(data))
 
 
 def _boundary(data: bytes, end: int) -> int:
