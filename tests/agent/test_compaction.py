@@ -46,14 +46,7 @@ async def test_a_long_job_completes_within_the_window(tmp_path: Path, shape: str
     async with MockModelServer(
         printing_job(40, 6000), context_window=8000, overflow_shape=shape, summaries=SUMMARY
     ) as server:
-        model = from_spec(f"{server.base_url}#mock")
-        assert isinstance(model, OpenAICompatible)
-        try:
-            async with agent_for(tmp_path, model, context_window=8000) as agent:
-                agent.followup("print forty blocks")
-                await agent.when_idle()
-        finally:
-            await model.aclose()
+        await _run(tmp_path, server, "print forty blocks", context_window=8000)
         assert server.overflows == 0, f"{server.overflows} requests went over the window"
         assert server.largest_prompt_tokens <= 8000
     log = records(tmp_path)
@@ -84,16 +77,8 @@ async def test_a_strict_deepseek_server_accepts_every_request_of_a_compacted_ses
     async with MockModelServer(
         [*job, *follow], context_window=8000, strict_reasoning=True, summaries=SUMMARY
     ) as server:
-        model = from_spec(f"deepseek+{server.base_url}#deepseek-v4-flash")
-        assert isinstance(model, OpenAICompatible)
-        try:
-            async with agent_for(tmp_path, model, context_window=8000) as agent:
-                agent.followup("print blocks")
-                await agent.when_idle()
-                agent.followup("print more")
-                await agent.when_idle()
-        finally:
-            await model.aclose()
+        spec = f"deepseek+{server.base_url}#deepseek-v4-flash"
+        await _run(tmp_path, server, "print blocks", "print more", spec=spec, context_window=8000)
         assert server.rejected == 0 and server.overflows == 0
     types = [r["type"] for r in records(tmp_path)]
     assert types.count("context/compacted") >= 2
@@ -104,8 +89,12 @@ async def test_a_strict_deepseek_server_accepts_every_request_of_a_compacted_ses
     assert_sound(tmp_path)
 
 
-async def _run(folder: Path, server: MockModelServer, *texts: str, **options: Any) -> Any:
-    model = from_spec(f"{server.base_url}#mock")
+async def _run(
+    folder: Path, server: MockModelServer, *texts: str, spec: str = "", **options: Any
+) -> Any:
+    """Each of ``texts`` as a turn of an agent on ``folder``, its model ``spec`` (default: the
+    server's own, as a plain OpenAI-compatible URL); the window the agent ended up knowing."""
+    model = from_spec(spec or f"{server.base_url}#mock")
     assert isinstance(model, OpenAICompatible)
     try:
         async with agent_for(folder, model, **options) as agent:
