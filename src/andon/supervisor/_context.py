@@ -21,8 +21,8 @@ what reasoning to send back from the messages it is given.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from andon.base import AbortSignal, ErrorCode, ModelError, clean_text
@@ -98,6 +98,13 @@ class Estimator(Protocol):
         prompt_tokens: int,
     ) -> None: ...
 
+    def force_at_least(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        tokens: int,
+    ) -> None: ...
+
 
 def budget_for(window: int) -> int:
     """The prompt tokens a request may hold in a ``window``-token context: room is left for the
@@ -106,7 +113,7 @@ def budget_for(window: int) -> int:
     return max(1, int((window - reserve) * 0.95))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Where:
     """Where compaction happens: inside a step (its turn and step) or between turns (neither)."""
 
@@ -242,20 +249,17 @@ class ContextKeeper:
         if window is None:
             return False
         budget = budget_for(window)
-        before = self._estimate(self.messages(), tools)
+        before = self.estimator.estimate(self.messages(), tools)
         if not forced and before <= budget:
             return False
         changed = self._trim(tools, where, before, window)
         signal.throw_if_aborted()
-        after = self._estimate(self.messages(), tools)
+        after = self.estimator.estimate(self.messages(), tools)
         # Stubs pile up too: once they leave little room, a summary makes room again.
         if not forced and after <= budget * SUMMARY_AT:
             return changed
         # Still over, or refused by the server whatever the estimate says: a summary.
         return await self._summarise(signal, tools, where, after, window) or changed
-
-    def _estimate(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> int:
-        return self.estimator.estimate(messages, tools)
 
     def _learn(self, error: ModelError, tools: Sequence[Mapping[str, Any]]) -> None:
         """What a refusal teaches: the window it names, and that the request was larger than the
@@ -264,9 +268,9 @@ class ContextKeeper:
         if limit is not None and (self.window is None or limit < self.window):
             self.window = limit
         messages = self.messages()
-        estimate = self._estimate(messages, tools)
+        estimate = self.estimator.estimate(messages, tools)
         if requested is not None and requested > estimate:
-            self.estimator.observe(messages, tools, requested)
+            self.estimator.force_at_least(messages, tools, requested)
         if self.window is None:
             # Refused, with no figure: the window is below this request; assume well below.
             self.window = max(1, estimate * 3 // 4)
@@ -304,10 +308,10 @@ class ContextKeeper:
         record = ContextTrimmed(calls, before, before, window, where.turn, where.step)
         system = {"role": "system", "content": self._system()}
         probe = Record(records[-1].seq + 1, 0.0, record)
-        after = self._estimate([system, *(m for _, m in history_entries([*records, probe]))], tools)
-        self._write(
-            ContextTrimmed(calls, before, min(after, before), window, where.turn, where.step)
+        after = self.estimator.estimate(
+            [system, *(m for _, m in history_entries([*records, probe]))], tools
         )
+        self._write(dataclasses.replace(record, tokens_after=min(after, before)))
         return True
 
     # -- tier 2 ----------------------------------------------------------------------------
@@ -344,7 +348,7 @@ class ContextKeeper:
         cut = candidates[-1]
         for s in candidates:  # the earliest cut whose kept part fits keeps the most
             kept = [m for seq, m in entries if seq >= s]
-            if self._estimate([system, *kept], tools) <= keep_budget:
+            if self.estimator.estimate([system, *kept], tools) <= keep_budget:
                 cut = s
                 break
         replaced = [(seq, m) for seq, m in entries if seq < cut and seq != first_user]
@@ -354,7 +358,7 @@ class ContextKeeper:
         summary, usage = await self._summary_call(signal, first, [m for _, m in replaced], window)
         signal.throw_if_aborted()
         kept_messages = [m for seq, m in entries if seq >= cut and seq != first_user]
-        after = self._estimate(
+        after = self.estimator.estimate(
             [
                 system,
                 *([first] if first else []),
@@ -393,13 +397,13 @@ class ContextKeeper:
         request = None
         for cap in _ENTRY_CAPS:
             request = _summary_request(first, messages, cap, max_tokens)
-            if self._estimate(request.messages, ()) <= room:
+            if self.estimator.estimate(request.messages, ()) <= room:
                 break
         assert request is not None
         # Still too long at the smallest cap: the oldest messages go first (the newest matter
         # most to going on), a bounded number of halvings.
         kept = list(messages)
-        while self._estimate(request.messages, ()) > room and len(kept) > 1:
+        while self.estimator.estimate(request.messages, ()) > room and len(kept) > 1:
             kept = kept[len(kept) // 2 :]
             request = _summary_request(first, kept, _ENTRY_CAPS[-1], max_tokens)
 
