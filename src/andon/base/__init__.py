@@ -78,6 +78,7 @@ from andon.base._vocabulary import (
     Stream,
     TurnEndKind,
 )
+from andon.base._words import plural
 
 __all__ = [
     "CANCEL_STAGES",
@@ -161,6 +162,7 @@ __all__ = [
     "name_path",
     "naming_file",
     "parse_call_id",
+    "plural",
     "read_small_file",
     "session_id",
     "shape",

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
-from andon.base import GracePolicy
+from andon.base import GracePolicy, plural
 from andon.cli._liveness import Liveness
 
 __all__ = [
@@ -273,7 +273,7 @@ class Output:
         if writer.dropped:
             where = f" (andon log {session})" if session else ""
             say(
-                f"{_plural(writer.dropped, 'stdout line')} dropped while stdout was not being "
+                f"{plural(writer.dropped, 'stdout line')} dropped while stdout was not being "
                 f"read; the session log has every record{where}"
             )
         if writer.drain(_EXIT_QUICK, _EXIT_QUICK):
@@ -318,13 +318,13 @@ class Output:
         first = "SIGINT to" if g.interrupt else "a cooperative stop of"
         nxt = f"SIGTERM in {g.term_after:g} s, SIGKILL in {g.kill_at:g} s"
         say(
-            f"stopping ({signame}, cause {cause}): {first} {_plural(len(calls), 'tool call')} "
+            f"stopping ({signame}, cause {cause}): {first} {plural(len(calls), 'tool call')} "
             f"({', '.join(calls)}); {nxt}. Again to kill now"
         )
 
     def forcing(self, signame: str) -> None:
         n = len(self.tracker.in_flight)
-        say(f"{signame} again: killing {_plural(n, 'tool process group')} now")
+        say(f"{signame} again: killing {plural(n, 'tool process group')} now")
 
     def _stopping_stage(self, data: Mapping[str, Any]) -> None:
         # ``at`` counts from the call's start, not the stop's: name the next stage by its delay.
@@ -339,7 +339,7 @@ class Output:
             waiting = "; waiting for the kernel to reap them"
         say(
             f"stopping: {_STAGE_NAMES.get(stage, stage)} sent to "
-            f"{_plural(int(data.get('targets') or 0), 'process')} of {data.get('call_id')}{waiting}"
+            f"{plural(int(data.get('targets') or 0), 'process')} of {data.get('call_id')}{waiting}"
         )
 
 
@@ -467,8 +467,8 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     cost = summary.get("cost")
     spent = f"{_usd(float(cost['usd']))}, " if isinstance(cost, Mapping) else ""
     return (
-        f"{_plural(int(summary['turns']), 'turn')}, "
-        f"{_plural(int(summary['tool_calls']), 'tool call')}, "
+        f"{plural(int(summary['turns']), 'turn')}, "
+        f"{plural(int(summary['tool_calls']), 'tool call')}, "
         f"{float(summary['duration']):.1f} s, {spent}ended {_reason(summary['ended'])}, "
         f"exit {summary['exit_code']}; session {summary['session']}"
     )
@@ -510,12 +510,6 @@ def _reason(reason: Any) -> str:
 
 def _kib(n: int) -> str:
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} bytes"
-
-
-def _plural(n: int, word: str) -> str:
-    if n == 1:
-        return f"1 {word}"
-    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
 
 
 # -- the writer thread ---------------------------------------------------------------------------

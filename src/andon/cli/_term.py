@@ -35,12 +35,11 @@ from typing import Any, Final, TextIO, cast
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
-from andon.base import GracePolicy
+from andon.base import GracePolicy, plural
 from andon.cli._output import (
     _STAGE_NAMES,
     Output,
     _args,
-    _plural,
     _reason,
     summary_text,
 )
@@ -249,7 +248,7 @@ class TermOutput(Output):
             self._stop = _Stop(f"stopping ({signame}): closing the model request")
         else:
             self._stop = _Stop(
-                f"stopping ({signame}): canceling {_plural(len(calls), 'tool call')}",
+                f"stopping ({signame}): canceling {plural(len(calls), 'tool call')}",
                 "SIGTERM" if g.interrupt else "SIGKILL",
                 self._clock() + (g.term_after if g.interrupt else g.kill_at),
             )
@@ -257,13 +256,13 @@ class TermOutput(Output):
 
     def forcing(self, signame: str) -> None:
         n = len(self.tracker.in_flight)
-        self._stop = _Stop(f"{signame} again: killing {_plural(n, 'tool process group')} now")
+        self._stop = _Stop(f"{signame} again: killing {plural(n, 'tool process group')} now")
         self.line(self._stop.text, "bold red")
 
     def _stopping_stage(self, data: Mapping[str, Any]) -> None:
         stage = str(data.get("stage"))
         g = self.grace
-        targets = _plural(int(data.get("targets") or 0), "process")
+        targets = plural(int(data.get("targets") or 0), "process")
         text = f"stopping: {_STAGE_NAMES.get(stage, stage)} sent to {targets}"
         now = self._clock()
         after = ""
@@ -346,7 +345,7 @@ class TermOutput(Output):
             return
         self._flush_partial()
         dropped = self.stdout_dropped
-        note = f"; {_plural(dropped, 'line')} dropped (stdout was not read)" if dropped else ""
+        note = f"; {plural(dropped, 'line')} dropped (stdout was not read)" if dropped else ""
         with self._forced():  # the last line is never dropped
             self.line(summary_text(summary) + note, "bold")
         self.finish(str(summary["session"]))

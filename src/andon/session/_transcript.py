@@ -6,7 +6,7 @@ import time as _time
 from collections.abc import Iterable, Mapping
 from typing import Any, assert_never
 
-from andon.base import ENDED_BY, ErrorCode
+from andon.base import ENDED_BY, ErrorCode, plural
 from andon.session._events import ProjectInstructions
 from andon.session._reader import without_live_only
 from andon.session._records import (
@@ -67,12 +67,6 @@ def _quote(text: str, limit: int = 80) -> str:
     return repr(one if len(one) <= limit else one[: limit - 1] + "…")
 
 
-def _plural(n: int, word: str) -> str:
-    if n == 1:
-        return f"{n} {word}"
-    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
-
-
 class _Render:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -92,7 +86,7 @@ class _Render:
         self.add(f"  project instructions from {added.root}:")
         for f in added.files:
             cut = ", truncated" if f.truncated else ""
-            self.add(f"    {f.path} · {_plural(f.bytes, 'byte')}{cut} · sha256 {f.sha256[:12]}")
+            self.add(f"    {f.path} · {plural(f.bytes, 'byte')}{cut} · sha256 {f.sha256[:12]}")
 
     def feed(self, r: Record) -> None:
         data = r.data
@@ -114,11 +108,11 @@ class _Render:
                 )
                 self._instructions(data.project_instructions)
             case SessionRepaired():
-                parts = [f"{_plural(data.closers, 'closing record')} appended"]
+                parts = [f"{plural(data.closers, 'closing record')} appended"]
                 if data.torn_bytes:
                     parts.append(f"{data.torn_bytes} torn bytes moved to {data.torn_file}")
                 if data.killed_leftovers:
-                    parts.append(f"{_plural(data.killed_leftovers, 'leftover process')} killed")
+                    parts.append(f"{plural(data.killed_leftovers, 'leftover process')} killed")
                 self.add(f"session repaired after a crash: {'; '.join(parts)}")
             case InboxSpliced():
                 self._splice(data)
@@ -141,7 +135,7 @@ class _Render:
             case StepEnd():
                 if self.chunks and not self.replied:
                     self.add(
-                        f"    (the reply was cut off: {_plural(self.chunks, 'chunk')} streamed, "
+                        f"    (the reply was cut off: {plural(self.chunks, 'chunk')} streamed, "
                         "nothing kept)"
                     )
                 self.open_step = None
@@ -167,19 +161,19 @@ class _Render:
                 self.add(f"      running: pid {pid} on {host} (worker {worker})")
             case ToolSignal(stage=stage, at=at, targets=targets):
                 signame = _STAGE_SIGNAL.get(stage, stage)
-                self.add(f"      {signame} at +{at:.2f}s to {_plural(targets, 'process')}")
+                self.add(f"      {signame} at +{at:.2f}s to {plural(targets, 'process')}")
             case ToolResult():
                 self._result(data, repair)
             case ContextTrimmed(calls=calls, tokens_before=before, tokens_after=after):
                 pad = "    " if data.step is not None else "  "
                 self.add(
-                    f"{pad}context trimmed: {_plural(len(calls), 'older tool output')} now shown "
+                    f"{pad}context trimmed: {plural(len(calls), 'older tool output')} now shown "
                     f"as a stub (~{before} → ~{after} tokens of a {data.window}-token window)"
                 )
             case ContextCompacted():
                 pad = "    " if data.step is not None else "  "
                 self.add(
-                    f"{pad}context compacted: {_plural(data.replaced, 'earlier message')} "
+                    f"{pad}context compacted: {plural(data.replaced, 'earlier message')} "
                     f"summarised by {data.model} (~{data.tokens_before} → ~{data.tokens_after} "
                     f"tokens of a {data.window}-token window)"
                 )
@@ -192,7 +186,7 @@ class _Render:
     def _splice(self, data: InboxSpliced) -> None:
         if data.outcome == "canceled":
             self.add(
-                f"  queued work discarded unrun: {_plural(data.removed, 'message')} from "
+                f"  queued work discarded unrun: {plural(data.removed, 'message')} from "
                 f"{data.target}"
             )
             return
@@ -200,9 +194,9 @@ class _Render:
             for message in data.inserted:
                 self.add(f"  queued ({data.target}, {message.source}): {_quote(message.content)}")
         elif data.removed and not data.inserted and self.open_turn is None:
-            self.add(f"  {_plural(data.removed, 'queued message')} removed from {data.target}")
+            self.add(f"  {plural(data.removed, 'queued message')} removed from {data.target}")
         elif data.removed and data.inserted:
-            self.add(f"  {_plural(data.removed, 'queued message')} replaced in {data.target}")
+            self.add(f"  {plural(data.removed, 'queued message')} replaced in {data.target}")
 
     def _reply(self, data: AssistantMessage) -> None:
         self.replied = True
@@ -217,7 +211,7 @@ class _Render:
             self.add(f"    assistant{mark}: (no text)")
         if data.finish == "length":
             dropped = data.dropped_tool_calls or 0
-            note = f"; {_plural(dropped, 'tool call')} dropped" if dropped else ""
+            note = f"; {plural(dropped, 'tool call')} dropped" if dropped else ""
             self.add(f"    (the reply hit the output limit{note})")
 
     def _result(self, data: ToolResult, repair: str) -> None:
@@ -235,7 +229,7 @@ class _Render:
         if data.ended_by is not None and data.ended_by != "exit":
             parts.append(f"ended by {data.ended_by}")
         if data.strays_killed:
-            parts.append(f"{_plural(data.strays_killed, 'stray')} killed")
+            parts.append(f"{plural(data.strays_killed, 'stray')} killed")
         status = "error" if data.is_error else "ok"
         line = f"      {head}result {data.call_id}: {', '.join([status, *parts])}"
         if data.error is not None:
@@ -245,7 +239,7 @@ class _Render:
         shown = out
         if len(out) > OUTPUT_HEAD + OUTPUT_TAIL + 1:  # eliding a single line would save nothing
             omitted = len(out) - OUTPUT_HEAD - OUTPUT_TAIL
-            marker = f"… {_plural(omitted, 'line')} omitted …"
+            marker = f"… {plural(omitted, 'line')} omitted …"
             shown = [*out[:OUTPUT_HEAD], marker, *out[-OUTPUT_TAIL:]]
         for text in shown:
             self.add(f"      | {text}")

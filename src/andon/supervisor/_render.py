@@ -3,15 +3,12 @@ notes. Pure functions of what happened; the executor decides, these only say it.
 
 from __future__ import annotations
 
+from andon.base import plural
 from andon.protocol import Result
 from andon.supervisor._outcome import format_output
 from andon.supervisor._spill import Spill
 
 __all__ = ["lost_content", "python_content", "shell_content"]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'es' if n != 1 else ''}"
 
 
 def shell_content(result: Result, spill: Spill, status: str) -> str:
@@ -24,14 +21,14 @@ def shell_content(result: Result, spill: Spill, status: str) -> str:
     parts.append(status)
     if result.strays_killed:
         parts.append(
-            f"\n[andon stopped {_plural(result.strays_killed, 'background process')}"
+            f"\n[andon stopped {plural(result.strays_killed, 'background process')}"
             " this command left running]"
         )
     if spill.note():
         parts.append("\n" + spill.note())
     if result.unreachable:
         parts.append(
-            f"\n[andon could not stop {_plural(result.unreachable, 'process')} this command left "
+            f"\n[andon could not stop {plural(result.unreachable, 'process')} this command left "
             "running: containment mode 'pgroup' cannot reach processes that left the process "
             "group and their environment]"
         )
