@@ -119,6 +119,17 @@ def check_max_parallel(value: object) -> int:
     return value
 
 
+def check_context_window(value: object) -> int | None:
+    """``context_window`` as given, if it is ``None`` or a whole number of tokens of at least 1;
+    else a clear error."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(
+            f"context_window must be a whole number of tokens of at least 1, or None (unknown), "
+            f"got {value!r}"
+        )
+    return value
+
+
 class Agent:
     """An agent loop over one session. Create it with :func:`andon.open_agent`.
 
@@ -144,10 +155,7 @@ class Agent:
         next_step: Sequence[UserMessage] = (),
         context_window: int | None = None,
     ) -> None:
-        if context_window is not None and (type(context_window) is not int or context_window < 1):
-            raise ConfigError(
-                f"context_window must be a positive number of tokens, not {context_window!r}"
-            )
+        check_context_window(context_window)
         if sum(isinstance(h, OnRequestError) for h in hooks) > 1:
             raise ConfigError(
                 "at most one OnRequestError hook: it replaces the model adapter's retry decision, "

@@ -32,7 +32,7 @@ from andon.session import (
     SessionStart,
     fold_state,
 )
-from andon.supervisor._agent import Agent, check_max_parallel
+from andon.supervisor._agent import Agent, check_context_window, check_max_parallel
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
 from andon.supervisor._instructions import FoundInstructions
@@ -67,15 +67,6 @@ def _check_logged_session_id(loaded: Sequence[Record]) -> None:
             except ConfigError as e:
                 raise ConfigError(f"cannot resume this session: {e}") from None
             return
-
-
-def _check_context_window(value: object) -> None:
-    """``context_window`` is ``None`` or a whole number of tokens of at least 1."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(
-            f"context_window must be a whole number of tokens of at least 1, or None (unknown), "
-            f"got {value!r}"
-        )
 
 
 def _secret_names(model: Model, secret_env: Sequence[str]) -> tuple[str, ...]:
@@ -134,7 +125,7 @@ async def open_agent(
     prompt (``system_prompt``, or andon's own), and ``session/start`` or ``session/resumed``
     records which files they came from (docs/agent-loop.md, Project instructions).
     """
-    _check_context_window(context_window)  # before anything is opened: a bad value loses nothing
+    check_context_window(context_window)  # before anything is opened: a bad value loses nothing
     if max_parallel is not None:
         check_max_parallel(max_parallel)  # before anything is opened: a bad value loses nothing
     if session_id is not None:
