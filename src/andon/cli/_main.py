@@ -357,7 +357,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _job(args: argparse.Namespace) -> RunJob:
     """Everything ``run``/``resume`` needs, checked before any process starts (errors exit 2)."""
-    from andon.cli._run import RunJob
+    from andon.cli._run import RunJob, last_turn_overflowed
     from andon.cli._sessions import new_session_dir
     from andon.cli._settings import read_system_prompt, resolve
     from andon.cli._setup import load_model, project_instructions
@@ -380,6 +380,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         _check_new_session(Path(args.session))
     model_spec, system_prompt, cwd = settings.model, None, settings.cwd
     since_seq = 0
+    overflowed = False
     if existing is not None:
         # Resuming: the session's own model, prompt and working directory unless overridden.
         try:
@@ -389,6 +390,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         _refuse_invalid(existing, records)
         state = fold_state(records)
         since_seq = state.next_seq
+        overflowed = last_turn_overflowed(records)
         if model_spec is None and state.model is not None:
             model_spec = state.model.spec
         # andon's base text (or the --system file's) as logged: the project instructions are
@@ -442,6 +444,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         output_schema=output_schema,
         output_file=output_file,
         instructions=instructions,
+        overflowed=overflowed,
     )
 
 

@@ -32,7 +32,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -63,9 +63,10 @@ from andon.cli._structured import (
 from andon.llm import Model
 
 if TYPE_CHECKING:
+    from andon.session import Record
     from andon.supervisor import FoundInstructions
 
-__all__ = ["RunJob", "exit_code_for", "run_job"]
+__all__ = ["RunJob", "exit_code_for", "last_turn_overflowed", "run_job"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -115,6 +116,7 @@ class RunJob:
     output_schema: OutputSchema | None = None  # --output-schema, read and checked
     output_file: Path | None = None  # --output-last-message, its folder checked writable
     instructions: FoundInstructions | None = None  # AGENTS.md files (None: turned off)
+    overflowed: bool = False  # the resumed session's last turn did not fit the window
 
 
 def run_job(job: RunJob) -> int:
@@ -346,7 +348,7 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
             tg.create_task(_render(events, out, agent))
             # A reader that went away disposes the agent at once, not at the next event.
             out.on_closed(lambda: agent.cancel(Disposed()))
-            if signals.first is None and not job.created and _overflowed(job.session):
+            if signals.first is None and job.overflowed:
                 signals.agent = agent
                 await _compact_first(agent)
             if signals.first is None:  # a signal during the pool's start: no turn at all
@@ -366,15 +368,18 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
             outcome.usage = dict(agent.usage)
 
 
-def _overflowed(folder: Path) -> bool:
-    """Whether the session's last turn ended because a request did not fit the window."""
-    from andon.session import TurnEnd, TurnFailed, iter_records
+def last_turn_overflowed(records: Sequence[Record]) -> bool:
+    """Whether the log's last turn ended because a request did not fit the window (an open turn
+    after it, which crash repair closes as interrupted, means no)."""
+    from andon.session import TurnEnd, TurnFailed, TurnStart
 
-    last = None
-    for record in iter_records(folder):
+    for record in reversed(records):
+        if isinstance(record.data, TurnStart):
+            return False
         if isinstance(record.data, TurnEnd):
-            last = record.data.reason
-    return isinstance(last, TurnFailed) and last.code == "CONTEXT_OVERFLOW"
+            reason = record.data.reason
+            return isinstance(reason, TurnFailed) and reason.code == "CONTEXT_OVERFLOW"
+    return False
 
 
 async def _compact_first(agent: Any) -> None:
