@@ -148,6 +148,7 @@ class ContextKeeper:
         self._write = write
         self._on_usage = on_usage
         self._recalled = False
+        self._folded: tuple[tuple[int, int, str], list[dict[str, Any]]] | None = None
 
     def _recall(self, tools: Sequence[Mapping[str, Any]]) -> None:
         """Calibrate the estimate from the session's own past (a resumed session's estimator
@@ -173,11 +174,15 @@ class ContextKeeper:
     # -- what the turn asks ----------------------------------------------------------------
 
     def messages(self) -> list[dict[str, Any]]:
-        """The request's messages as they stand: the system prompt, then the history."""
-        return [
-            {"role": "system", "content": self._system()},
-            *(m for _, m in history_entries(self._records())),
-        ]
+        """The request's messages as they stand: the system prompt, then the history. The log
+        only grows, so the fold is redone only when a record was added since the last call (a
+        step asks twice: to decide on compaction, then to build the request)."""
+        records = self._records()
+        key = (len(records), records[-1].seq if records else -1, self._system())
+        if self._folded is None or self._folded[0] != key:
+            history = [m for _, m in history_entries(records)]
+            self._folded = (key, [{"role": "system", "content": key[2]}, *history])
+        return list(self._folded[1])
 
     def observe(self, request: ModelRequest, usage: Mapping[str, Any] | None) -> None:
         """Calibrate the estimate from what the provider said a request cost."""
