@@ -84,3 +84,22 @@ def test_an_empty_environment_is_looked_at_again_but_not_for_long() -> None:
     finally:
         proc.kill()  # our own unreaped child
         proc.wait()
+
+
+def test_child_ended_says_how_without_reaping() -> None:
+    exits = subprocess.Popen(["sh", "-c", "exit 3"])
+    killed = subprocess.Popen(["sh", "-c", "kill -9 $$"])
+    running = subprocess.Popen(["sh", "-c", "read line"], stdin=subprocess.PIPE)
+    try:
+        for child in (exits, killed):
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # until it ended, unreaped
+        assert procs.child_ended(exits.pid) == "exit status 3"
+        assert procs.child_ended(killed.pid) == "killed by SIGKILL"
+        assert procs.child_ended(exits.pid) == "exit status 3"  # still there: never reaped
+        assert procs.child_ended(running.pid) is None
+        assert procs.child_ended(os.getpid()) == "ended"  # not a child of ours
+    finally:
+        assert running.stdin is not None
+        running.stdin.close()
+        for child in (exits, killed, running):
+            child.wait(timeout=30)

@@ -167,6 +167,7 @@ def test_a_pool_that_cannot_start_any_worker_exits_6_with_a_summary(tmp_path: Pa
     assert "Traceback" not in err
     said = [line for line in err.splitlines() if "session" not in line]
     assert len(said) == 1 and "no tool worker could be started" in said[0], err
+    assert "forkserver ended as it started, twice (exit status 1)" in said[0], err
     summary = json_lines(out)[-1]
     assert summary["type"] == "run/summary" and summary["exit_code"] == 6
     assert "no tool worker could be started" in summary["failure"]

@@ -55,6 +55,7 @@ __all__ = [
     "cgroup2_mounts",
     "cgroup_kill",
     "cgroup_pids",
+    "child_ended",
     "child_running",
     "descendants",
     "find_call",
@@ -409,6 +410,24 @@ def child_running(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
     except ChildProcessError:  # not our child, or already reaped
         return False
+
+
+def child_ended(pid: int) -> str | None:
+    """How the caller's own child ``pid`` ended ("exit status 1", "killed by SIGKILL"), without
+    reaping it; None while it runs. A child already reaped, or not ours, "ended" unsaid."""
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return "ended"
+    if result is None:
+        return None
+    if result.si_code == os.CLD_EXITED:
+        return f"exit status {result.si_status}"
+    try:
+        name = _signal.Signals(result.si_status).name
+    except ValueError:
+        name = f"signal {result.si_status}"
+    return f"killed by {name}"
 
 
 def kill_child(pid: int, sig: int) -> bool:

@@ -135,12 +135,28 @@ class ForkserverLauncher(WorkerLauncher):
         _ensure_forkserver(self._hidden)
         try:
             process = await _started(process_of, self._abandoned)
-        except (FileNotFoundError, ConnectionRefusedError):
-            # The forkserver's listening socket is gone (multiprocess keeps it in the temporary
-            # folder, which a tool's ``rm -rf /tmp/*`` empties): a new forkserver, and once more.
-            _log.warning("the workers' forkserver lost its socket; starting a new one")
+        except _UNREACHABLE as error:
+            # Its listening socket is gone (multiprocess keeps it in the temporary folder, which a
+            # tool's ``rm -rf /tmp/*`` empties), or it ended (before it forked the worker, or as
+            # it started): a new forkserver, and once more.
+            ended = await _forkserver_ended(error)
+            if ended is None:
+                _log.warning("the workers' forkserver lost its socket; starting a new one")
+            else:
+                _log.info("the workers' forkserver ended (%s); starting a new one", ended)
             _restart_forkserver(self._hidden)
-            process = await _started(process_of, self._abandoned)
+            try:
+                process = await _started(process_of, self._abandoned)
+            except _UNREACHABLE as again:
+                ended = await _forkserver_ended(again)
+                if ended is None:
+                    raise
+                # Twice in a row: an interpreter that cannot start here (a broken
+                # sitecustomize, say). Every start would fail alike: final, said plainly.
+                raise WorkerError(
+                    f"the workers' forkserver ended as it started, twice ({ended})",
+                    worker=worker_id,
+                ) from again
         # multiprocess restarts a forkserver that died between the check above and the start
         # (from the environment as it is then, keys and all): the worker is looked at, not
         # trusted, and one that would hold a key never gets a call.
@@ -421,6 +437,55 @@ def _restart_forkserver(hidden: frozenset[str]) -> None:
     server._forkserver_pid = None
     server._forkserver_address = None
     _ensure_forkserver(hidden)
+
+
+_UNREACHABLE: Final = (ConnectionError, FileNotFoundError, EOFError)
+"""How a worker's start fails when the forkserver cannot be reached: its socket is gone
+(``FileNotFoundError``), nothing listens on it any more (``ConnectionRefusedError``), or it ended
+after it took the connection (``EOFError``, a reset or a broken pipe)."""
+
+
+async def _forkserver_ended(error: BaseException) -> str | None:
+    """How the forkserver ended ("exit status 1"), or None when it runs and only its socket was
+    lost (deleted from the temporary folder).
+
+    A refused or dropped connection means it is ending: its sockets close as it exits, a moment
+    before its exit can be seen, so that moment is waited for (on the loop, at most
+    ``FORKSERVER_EXIT_WAIT``)."""
+    from multiprocess import forkserver
+
+    pid: int | None = forkserver._forkserver._forkserver_pid
+    if pid is None:
+        return "it was not running"
+    if isinstance(error, FileNotFoundError) and procs.child_running(pid):
+        return None
+    ended = procs.child_ended(pid)
+    if ended is not None:
+        return ended
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return procs.child_ended(pid)
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(exited, FORKSERVER_EXIT_WAIT)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return procs.child_ended(pid)
+
+
+FORKSERVER_EXIT_WAIT: Final = 10.0
+"""Seconds a failed start waits for a forkserver that refused or dropped its connection to be
+seen to exit (a moment; far longer only on a machine too loaded to schedule it)."""
 
 
 def _own_start() -> int | None:
