@@ -39,9 +39,10 @@ ALLOWED: dict[str, set[str]] = {
     "session": {"base"},
     "workers": {"base", "protocol"},
     "llm": {"base"},
-    "supervisor": {"base", "protocol", "session", "workers", "llm"},
+    "fleet": {"base", "protocol", "workers"},
+    "supervisor": {"base", "protocol", "session", "workers", "fleet", "llm"},
     "testing": {"base", "llm", "session"},
-    "cli": {"base", "protocol", "session", "workers", "llm", "supervisor", "testing"},
+    "cli": {"base", "protocol", "session", "workers", "fleet", "llm", "supervisor", "testing"},
 }
 
 

@@ -21,6 +21,7 @@ PACKAGES = (
     "andon.session",
     "andon.workers",
     "andon.llm",
+    "andon.fleet",
     "andon.supervisor",
     "andon.testing",
     "andon.cli",

@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "AndonError": "andon.base",
     "GracePolicy": "andon.base",
     "Agent": "andon.supervisor",
-    "WorkerPoolConfig": "andon.supervisor",
+    "WorkerPoolConfig": "andon.fleet",
     "open_agent": "andon.supervisor",
     "tool": "andon.workers",
     "cancel": "andon.cancel",

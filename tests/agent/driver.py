@@ -9,8 +9,8 @@ import asyncio
 import sys
 
 import andon
+from andon.fleet import WorkerPoolConfig
 from andon.llm import Scripted
-from andon.supervisor import WorkerPoolConfig
 
 
 async def main(folder: str) -> None:

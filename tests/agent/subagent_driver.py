@@ -7,8 +7,9 @@ import asyncio
 import sys
 
 import andon
+from andon.fleet import WorkerPoolConfig
 from andon.llm import Scripted
-from andon.supervisor import WorkerPoolConfig, subagent_tool
+from andon.supervisor import subagent_tool
 from tests.agent.support import CHILD_SLOW, DELEGATE
 from tests.workers.pytools import registry
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import andon
 from andon.base import GracePolicy, message_id, session_id
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Model, Scripted
 from andon.session import (
     FORMAT_VERSION,
@@ -25,7 +26,7 @@ from andon.session import (
     history,
     read,
 )
-from andon.supervisor import Agent, ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.supervisor import Agent, ToolExecutor
 from andon.workers import ToolRegistry
 from tests.workers.pytools import registry as test_registry
 

@@ -15,6 +15,7 @@ import pytest
 
 import andon
 from andon.base import AbortSignal, ManualClock, User
+from andon.fleet import WorkerPoolConfig
 from andon.llm import (
     Chunk,
     Finish,
@@ -27,7 +28,6 @@ from andon.llm import (
     ToolCallDelta,
     Usage,
 )
-from andon.supervisor import WorkerPoolConfig
 from andon.supervisor._reply import CHUNK_FLUSH_AFTER, CHUNK_FLUSH_BYTES, ChunkLog
 from tests.agent.support import Watcher, agent_for, assert_sound, records
 

@@ -24,9 +24,10 @@ import pytest
 
 import andon
 from andon.base import AbortController, ErrorCode, GracePolicy, ManualClock, User
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Scripted
 from andon.protocol import Started
-from andon.supervisor import Agent, ToolCallRequest, ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.supervisor import Agent, ToolCallRequest, ToolExecutor
 from tests.agent.support import assert_sound, records, turn_ends
 from tests.workers.pytools import data_tools, registry
 from tests.workers.support import Recorder, bash, call_processes, running_pool, start

@@ -36,6 +36,7 @@ from andon.base import (
     Parent,
     User,
 )
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import (
     Chunk,
     Finish,
@@ -47,16 +48,7 @@ from andon.llm import (
     ToolCallDelta,
 )
 from andon.session import UserMessageEntered, check, fold_state, read
-from andon.supervisor import (
-    Agent,
-    Allow,
-    PostTool,
-    PreStep,
-    PreTool,
-    TurnStopping,
-    WorkerPool,
-    WorkerPoolConfig,
-)
+from andon.supervisor import Agent, Allow, PostTool, PreStep, PreTool, TurnStopping
 from tests.workers.pytools import registry
 
 STEP_TIMEOUT = 30.0  # "nothing hangs": every wait is bounded far above any tool's duration

@@ -13,8 +13,8 @@ import pytest
 
 import andon
 from andon.base import GracePolicy, User
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Scripted
-from andon.supervisor import WorkerPool, WorkerPoolConfig
 from tests.agent.support import Watcher, records, turn_ends
 from tests.support import fifo_in, gated, open_gate, session_leftovers
 from tests.workers.pytools import registry as make_registry

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from andon.base import ManualClock
-from andon.supervisor import ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.supervisor import ToolExecutor
 from andon.workers import BASH, Tool, default
 from tests.agent.support import Watcher, agent_for, assert_sound, records
 

@@ -39,7 +39,7 @@ def _patch() -> None:
     setattr(_run, "agent_options", with_fault)  # noqa: B010 (what _run calls, not exported)
     fifo = os.environ.get(HOLD_VAR)
     if fifo:
-        from andon.supervisor import _forkserver
+        from andon.fleet import _forkserver
 
         def hold() -> None:
             os.write(2, b"spawn window held\n")
@@ -49,7 +49,7 @@ def _patch() -> None:
         _forkserver._SpawnWindow.hook = hold
     preload = os.environ.get(PRELOAD_VAR)
     if preload:
-        from andon.supervisor import _forkserver
+        from andon.fleet import _forkserver
 
         _forkserver._PRELOAD = [preload, *_forkserver._PRELOAD]
 

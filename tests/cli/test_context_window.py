@@ -17,8 +17,8 @@ import andon
 from andon.base import ConfigError
 from andon.cli._settings import Settings, resolve
 from andon.cli._setup import context_window_for
+from andon.fleet import WorkerPoolConfig
 from andon.llm import Scripted, from_spec
-from andon.supervisor import WorkerPoolConfig
 from andon.testing import MockModelServer
 from tests.cli.support import env, records, run, script
 from tests.llm.loopback import Loopback, ok, serving

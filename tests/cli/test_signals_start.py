@@ -204,7 +204,7 @@ def _release(proc: subprocess.Popen[str], fifo: Path) -> tuple[str, str]:
 
 def test_the_first_of_two_signals_in_the_spawn_window_decides(tmp_path: Path) -> None:
     """SIGINT, then SIGTERM, while the forkserver is being spawned: the first decides the exit
-    code (tests/workers/test_forkserver_signals.py shows the mechanism on its own)."""
+    code (tests/fleet/test_forkserver_signals.py shows the mechanism on its own)."""
     tag = secrets.token_hex(8)
     proc, fifo = _held(tmp_path, tag)
     try:

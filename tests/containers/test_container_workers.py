@@ -26,15 +26,8 @@ import pytest
 
 from andon import cancel
 from andon.base import ErrorCode, GracePolicy, procs
-from andon.supervisor import (
-    ContainerLauncher,
-    TcpListen,
-    ToolCallRequest,
-    ToolExecutor,
-    WorkerPool,
-    WorkerPoolConfig,
-    host_mounts,
-)
+from andon.fleet import ContainerLauncher, TcpListen, WorkerPool, WorkerPoolConfig, host_mounts
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.testing import host_mount_paths, worker_ulimits
 from andon.workers import default
 from tests.support import escapee_tree, procs_with_marker
@@ -155,8 +148,9 @@ DRIVER = textwrap.dedent(
     """
     import asyncio, json, os, sys
     from andon.base import AbortController
-    from andon.supervisor import ContainerLauncher, Mount, ToolCallRequest, ToolExecutor
-    from andon.supervisor import WorkerPool, WorkerPoolConfig
+    from andon.fleet import ContainerLauncher, Mount
+    from andon.supervisor import ToolCallRequest, ToolExecutor
+    from andon.fleet import WorkerPool, WorkerPoolConfig
     from andon.workers import default
 
     spec = json.loads(sys.argv[1])
@@ -280,7 +274,7 @@ async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(
     until its worker's welcome timeout."""
     import threading
 
-    from andon.supervisor import PoolSetup, WorkerSpec
+    from andon.fleet import PoolSetup, WorkerSpec
 
     identity = f"test-orphan-{os.getpid()}-{os.urandom(4).hex()}"
     launcher = _launcher(engine_url, worker_image, tmp_path)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from andon.supervisor import PodLauncher
+from andon.fleet import PodLauncher
 from andon.testing import FakeKubernetes
 from tests.support import RUN_TAG_VAR
 

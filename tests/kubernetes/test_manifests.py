@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from andon.supervisor import TcpListen, WorkerPool, WorkerPoolConfig
+from andon.fleet import TcpListen, WorkerPool, WorkerPoolConfig
 from andon.testing import FakeKubernetes
 from andon.workers import default
 from tests.kubernetes.conftest import launcher_for

@@ -15,17 +15,9 @@ from typing import Any
 import pytest
 
 from andon.base import ConfigError, ErrorCode, WorkerError
+from andon.fleet import PodLauncher, PoolSetup, TcpListen, WorkerPool, WorkerPoolConfig, WorkerSpec
 from andon.protocol import CurveKeys, key_to_hex
-from andon.supervisor import (
-    PodLauncher,
-    PoolSetup,
-    TcpListen,
-    ToolCallRequest,
-    ToolExecutor,
-    WorkerPool,
-    WorkerPoolConfig,
-    WorkerSpec,
-)
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.testing import FakeKubernetes
 from andon.workers import default
 from tests.kubernetes.conftest import IMAGE, launcher_for

@@ -17,14 +17,8 @@ import pytest
 
 from andon import cancel
 from andon.base import ErrorCode, GracePolicy
-from andon.supervisor import (
-    PodLauncher,
-    TcpListen,
-    ToolCallRequest,
-    ToolExecutor,
-    WorkerPool,
-    WorkerPoolConfig,
-)
+from andon.fleet import PodLauncher, TcpListen, WorkerPool, WorkerPoolConfig
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.workers import default
 from tests.workers.support import start
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from andon.supervisor import PoolObserver
+from andon.fleet import PoolObserver
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,16 @@ import pytest
 
 from andon import cancel
 from andon.base import ErrorCode, GracePolicy, procs
-from andon.protocol import load_public_keys, write_keys
-from andon.supervisor import (
+from andon.fleet import (
     CommandLauncher,
     LaunchedWorker,
     PoolObserver,
     TcpListen,
-    ToolCallRequest,
-    ToolExecutor,
     WorkerPool,
     WorkerPoolConfig,
 )
+from andon.protocol import load_public_keys, write_keys
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.workers import default
 from tests.remote.conftest import Hosts, Refusals
 from tests.support import escapee_tree, procs_with_marker

@@ -21,6 +21,14 @@ import zmq
 import zmq.asyncio
 
 from andon.base import ErrorCode, GracePolicy, WorkerError, procs
+from andon.fleet import (
+    CommandLauncher,
+    LaunchedWorker,
+    TcpListen,
+    WorkerPool,
+    WorkerPoolConfig,
+    WorkerSpec,
+)
 from andon.protocol import (
     CurveKeys,
     ErrorReply,
@@ -31,16 +39,7 @@ from andon.protocol import (
     load_keys,
     load_public_keys,
 )
-from andon.supervisor import (
-    CommandLauncher,
-    LaunchedWorker,
-    TcpListen,
-    ToolCallRequest,
-    ToolExecutor,
-    WorkerPool,
-    WorkerPoolConfig,
-    WorkerSpec,
-)
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.workers import default, tool
 from tests.remote.conftest import Refusals
 from tests.support import procs_with_marker

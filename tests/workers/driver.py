@@ -16,7 +16,8 @@ import signal
 import sys
 
 from andon.base import AbortController, Disposed
-from andon.supervisor import ToolCallRequest, ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.testing import SHELL_SLEEP
 from andon.workers import default
 from tests.workers.support import Recorder

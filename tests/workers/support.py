@@ -13,15 +13,9 @@ from typing import Any
 import pytest
 
 from andon.base import AbortController, AbortSignal, Clock, GracePolicy
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.protocol import Started
-from andon.supervisor import (
-    ExecutionObserver,
-    ToolCallRequest,
-    ToolExecutor,
-    ToolOutcome,
-    WorkerPool,
-    WorkerPoolConfig,
-)
+from andon.supervisor import ExecutionObserver, ToolCallRequest, ToolExecutor, ToolOutcome
 from andon.workers import ToolRegistry, default, detect_mode
 from tests.support import call_entry, leftovers
 

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from andon.base import AbortController, ErrorCode, User
-from andon.supervisor import PoolObserver, ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.fleet import PoolObserver, WorkerPool, WorkerPoolConfig
+from andon.supervisor import ToolExecutor
 from andon.testing import SHELL_SLEEP
 from tests.support import REPO, call_entry, leftovers, wait_all_exited
 from tests.workers.pytools import registry

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from andon.base import ErrorCode, GracePolicy, User, call_tag, executor_id, procs
-from andon.supervisor import ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.supervisor import ToolExecutor
 from andon.testing import SHELL_SLEEP
 from andon.workers import default
 from tests.support import (

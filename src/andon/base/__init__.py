@@ -43,6 +43,7 @@ from andon.base._ids import (
     parse_call_id,
     session_id,
 )
+from andon.base._secrets import API_KEY_ENV_VARS
 from andon.base._shapes import (
     CATCH_ALL,
     EMPTY,
@@ -81,6 +82,7 @@ from andon.base._vocabulary import (
 from andon.base._words import plural
 
 __all__ = [
+    "API_KEY_ENV_VARS",
     "CANCEL_STAGES",
     "CATCH_ALL",
     "CONTAINMENTS",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from andon.base import ConfigError
 
 if TYPE_CHECKING:
-    from andon.supervisor import WorkerLauncher
+    from andon.fleet import WorkerLauncher
 
 __all__ = ["CONTAINERS", "ContainerSettings", "launcher_of", "parse_containers", "workers_in"]
 
@@ -123,7 +123,7 @@ def launcher_of(
     paths the tools saw)."""
     if where == "local":
         return None
-    from andon.supervisor import ContainerLauncher, Mount
+    from andon.fleet import ContainerLauncher, Mount
 
     image = where.partition(":")[2]
     workspace = str(Path(cwd or os.getcwd()).resolve())

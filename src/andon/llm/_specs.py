@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from andon.base import ConfigError
+from andon.base import API_KEY_ENV_VARS, ConfigError
 from andon.llm._openai import OpenAICompatible
 from andon.llm._request import DEEPSEEK
 from andon.llm._scripted import Scripted
@@ -49,9 +49,6 @@ _THINKING_ONLY: Final = (
     "thinking on/off applies to DeepSeek models only (deepseek-v4-flash, deepseek-v4-pro, "
     "deepseek+URL#MODEL), not to {spec!r}; leave it unset"
 )
-
-API_KEY_ENV_VARS: Final = frozenset({"DEEPSEEK_API_KEY", "OPENAI_API_KEY", "ANDON_API_KEY"})
-"""Every variable a model spec may read a key from: tool environments should not carry them."""
 
 SPEC_FORMS: Final = (
     "deepseek-v4-flash, deepseek-v4-pro (key in $DEEPSEEK_API_KEY); "

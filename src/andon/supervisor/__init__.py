@@ -1,16 +1,14 @@
-"""The supervisor layer: the worker pool, the tool executor (grace timeline) and, above them, the
-agent.
+"""The supervisor layer: the tool executor (each call's grace ladder) and, above it, the agent.
+
+It leases workers from the fleet (``andon.fleet``), asks the model (``andon.llm``) and appends
+to the session's log (``andon.session``).
 
 ``__all__`` is what a user builds with: the agent and ``open_agent`` with their defaults, the hooks
-and their answers, the pool, its config and the launchers (with the types a custom launcher
-implements), and the executor with its request, observer and outcome for driving calls without an
-agent. What the pool and the executor say to each other (leases, ``WorkerGone``) stays inside."""
+and their answers, project instructions, and the executor with its request, observer and outcome
+for driving calls without an agent."""
 
 from andon.supervisor._agent import Agent, Status
-from andon.supervisor._command import CommandLauncher
-from andon.supervisor._container import ContainerLauncher, Mount, host_mounts
 from andon.supervisor._executor import ExecutionObserver, ToolCallRequest, ToolExecutor
-from andon.supervisor._forkserver import ForkserverLauncher
 from andon.supervisor._hooks import (
     Allow,
     Deny,
@@ -32,12 +30,8 @@ from andon.supervisor._instructions import (
     FoundInstructions,
     find_project_instructions,
 )
-from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
 from andon.supervisor._open import DEFAULT_SYSTEM_PROMPT, SECRET_ENV, open_agent
 from andon.supervisor._outcome import StageMark, ToolOutcome
-from andon.supervisor._pod import PodLauncher
-from andon.supervisor._pool import TcpListen, WorkerPool, WorkerPoolConfig
-from andon.supervisor._pool_watch import PoolObserver, PoolStatistics
 from andon.supervisor._subagent import subagent_tool
 
 __all__ = [
@@ -47,21 +41,12 @@ __all__ = [
     "SECRET_ENV",
     "Agent",
     "Allow",
-    "CommandLauncher",
-    "ContainerLauncher",
     "Deny",
     "Enter",
     "ExecutionObserver",
-    "ForkserverLauncher",
     "FoundInstructions",
     "GiveUp",
-    "LaunchedWorker",
-    "Mount",
     "OnRequestError",
-    "PodLauncher",
-    "PoolObserver",
-    "PoolSetup",
-    "PoolStatistics",
     "PostTool",
     "PreStep",
     "PreTool",
@@ -69,19 +54,13 @@ __all__ = [
     "Retry",
     "StageMark",
     "Status",
-    "TcpListen",
     "ToolCallInfo",
     "ToolCallRequest",
     "ToolExecutor",
     "ToolOutcome",
     "TurnBudget",
     "TurnStopping",
-    "WorkerLauncher",
-    "WorkerPool",
-    "WorkerPoolConfig",
-    "WorkerSpec",
     "find_project_instructions",
-    "host_mounts",
     "open_agent",
     "subagent_tool",
 ]

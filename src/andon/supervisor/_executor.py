@@ -69,6 +69,7 @@ from andon.base import (
     executor_id,
     show_name,
 )
+from andon.fleet import WorkerGone, WorkerLease, WorkerPool
 from andon.protocol import (
     MAX_JSON_DEPTH,
     OUTPUT_WINDOW,
@@ -85,7 +86,6 @@ from andon.protocol import (
     encode,
 )
 from andon.supervisor._outcome import ToolOutcome, not_run, status_line
-from andon.supervisor._pool import WorkerGone, WorkerLease, WorkerPool
 from andon.supervisor._render import lost_content, python_content, shell_content
 from andon.supervisor._spill import DEFAULT_SPILL_CAP, Spill
 from andon.supervisor._timeline import STAGES, Lost, Running, Stopping, Timeline, Why

@@ -22,6 +22,7 @@ from andon.base import (
     show_name,
 )
 from andon.base import session_id as new_session_id
+from andon.fleet import WorkerLauncher, WorkerPool, WorkerPoolConfig
 from andon.llm import API_KEY_ENV_VARS, Model
 from andon.session import (
     FORMAT_VERSION,
@@ -36,8 +37,6 @@ from andon.supervisor._agent import Agent, check_context_window, check_max_paral
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
 from andon.supervisor._instructions import FoundInstructions
-from andon.supervisor._launch import WorkerLauncher
-from andon.supervisor._pool import WorkerPool, WorkerPoolConfig
 from andon.workers import ToolRegistry, default
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "SECRET_ENV", "open_agent"]
@@ -52,8 +51,8 @@ DEFAULT_SYSTEM_PROMPT = (
 
 # Model API keys never reach a tool's environment, nor that of any process andon starts (a tool
 # can read its worker's /proc/<pid>/environ): the pool starts its workers without them. The names
-# are the llm layer's (declared once there): a key variable added for a new provider is hidden
-# from the tools by the same change.
+# are declared once, in andon.base: a key variable added for a new provider is hidden from the
+# tools by the same change.
 SECRET_ENV: Final[tuple[str, ...]] = tuple(sorted(API_KEY_ENV_VARS))
 
 

@@ -117,7 +117,7 @@ def worker_main(options: WorkerOptions) -> None:
     if options.supervisor_start is not None:
         # A local worker, the forkserver's child: until it watches the supervisor (its own
         # set-up takes seconds on a busy machine), it dies with the forkserver, which dies with
-        # the supervisor (andon.supervisor._spawner). Lifted once it watches: a forkserver
+        # the supervisor (andon.fleet._spawner). Lifted once it watches: a forkserver
         # replaced later must not take running workers with it.
         set_parent_death_signal(_signal.SIGKILL)
     if options.forkserver_pid is not None and os.getppid() != options.forkserver_pid:

@@ -20,7 +20,8 @@ import zmq
 import zmq.asyncio
 
 from andon.base import AbortController
-from andon.supervisor import ToolCallRequest, ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.workers import ToolRegistry, default
 
 from . import _floors

@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 
 from andon.base import GracePolicy, User, call_tag, procs
+from andon.fleet import WorkerPool
 from andon.llm import OpenAICompatible
-from andon.supervisor import ToolCallRequest, ToolExecutor, WorkerPool, open_agent
+from andon.supervisor import ToolCallRequest, ToolExecutor, open_agent
 from andon.testing import SHELL_SLEEP, STUBBORN, TRAP_INT, MockModelServer, benchmark_tree
 from andon.workers import ToolRegistry
 
@@ -459,7 +460,7 @@ async def run_interrupt(
     progress: Progress,
 ) -> tuple[dict[str, ScenarioResult], str]:
     """Run ``names`` in order; returns the results and the pool's containment mode."""
-    from andon.supervisor import WorkerPoolConfig
+    from andon.fleet import WorkerPoolConfig
     from andon.workers import default
 
     from ._tools import coop_wait, noop

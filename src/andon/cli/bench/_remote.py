@@ -33,19 +33,17 @@ import zmq
 import zmq.asyncio
 
 from andon.base import AbortController, GracePolicy, User
-from andon.protocol import CurveKeys, curve_client
-from andon.supervisor import (
+from andon.fleet import (
     CommandLauncher,
     ContainerLauncher,
-    ExecutionObserver,
     TcpListen,
-    ToolCallRequest,
-    ToolExecutor,
     WorkerLauncher,
     WorkerPool,
     WorkerPoolConfig,
     host_mounts,
 )
+from andon.protocol import CurveKeys, curve_client
+from andon.supervisor import ExecutionObserver, ToolCallRequest, ToolExecutor
 from andon.workers import default
 
 from ._dispatch import echo_round_trips

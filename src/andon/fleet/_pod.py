@@ -41,7 +41,7 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from andon.base import ConfigError, WorkerError
-from andon.supervisor._launch import (
+from andon.fleet._launch import (
     LaunchedWorker,
     PoolSetup,
     WorkerLauncher,
@@ -49,7 +49,7 @@ from andon.supervisor._launch import (
     server_key_argument,
     worker_argv,
 )
-from andon.supervisor._threads import EngineThreads
+from andon.fleet._threads import EngineThreads
 
 __all__ = ["PodLauncher"]
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from andon.base import ManualClock, NoWorkerStarted, WorkerError
-from andon.supervisor import WorkerPool, WorkerPoolConfig
-from andon.supervisor._forkserver import ForkserverLauncher
-from andon.supervisor._launch import LaunchedWorker, WorkerSpec
-from andon.supervisor._pool import START_ATTEMPTS, START_BACKOFF
+from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.fleet._forkserver import ForkserverLauncher
+from andon.fleet._launch import LaunchedWorker, WorkerSpec
+from andon.fleet._pool import START_ATTEMPTS, START_BACKOFF
 from andon.workers import WorkerFault, default
 
 DEADLINE = 30.0  # on the ManualClock: never reached by real time

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from andon.base import ConfigError, WorkerError
-from andon.supervisor._launch import (
+from andon.fleet._launch import (
     LaunchedWorker,
     PoolSetup,
     WorkerLauncher,
@@ -35,7 +35,7 @@ from andon.supervisor._launch import (
     server_key_argument,
     worker_argv,
 )
-from andon.supervisor._threads import EngineThreads
+from andon.fleet._threads import EngineThreads
 
 __all__ = ["ContainerLauncher", "Mount"]
 

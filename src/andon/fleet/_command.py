@@ -26,8 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from andon.base import WorkerError, procs
-from andon.protocol import Started
-from andon.supervisor._launch import (
+from andon.fleet._launch import (
     LaunchedWorker,
     PidfdWorker,
     PoolSetup,
@@ -36,6 +35,7 @@ from andon.supervisor._launch import (
     server_key_argument,
     worker_argv,
 )
+from andon.protocol import Started
 from andon.workers import KEYS_END
 
 __all__ = ["KILL_AFTER", "CommandLauncher"]

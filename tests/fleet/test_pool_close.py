@@ -18,14 +18,9 @@ import pytest
 
 import andon
 from andon.base import AbortController, ErrorCode, GracePolicy
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Scripted
-from andon.supervisor import (
-    ToolCallRequest,
-    ToolExecutor,
-    ToolOutcome,
-    WorkerPool,
-    WorkerPoolConfig,
-)
+from andon.supervisor import ToolCallRequest, ToolExecutor, ToolOutcome
 from tests.agent.support import Watcher, records
 from tests.support import session_leftovers
 from tests.workers.pytools import more_tools

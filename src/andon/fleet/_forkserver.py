@@ -29,15 +29,15 @@ import multiprocess.context
 from multiprocess import popen_forkserver, spawn
 
 from andon.base import Containment, ContainmentSetting, WorkerError, clean_text, procs
-from andon.protocol import Started
-from andon.supervisor._launch import (
+from andon.fleet._launch import (
     LaunchedWorker,
     PidfdWorker,
     PoolSetup,
     WorkerLauncher,
     WorkerSpec,
 )
-from andon.supervisor._spawner import STOP_SIGNALS, in_spawner
+from andon.fleet._spawner import STOP_SIGNALS, in_spawner
+from andon.protocol import Started
 from andon.workers import (
     CgroupTree,
     WorkerFault,
@@ -364,7 +364,7 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
     # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
     # once they have their own session (workers/_main.py). They are spawned from a thread of
-    # their own (andon.supervisor._spawner): andon's own signals stay in order, and a kill -9 of
+    # their own (andon.fleet._spawner): andon's own signals stay in order, and a kill -9 of
     # andon takes both down with it.
     _short_temp_dir()
     saved = {name: os.environ.get(name) for name in names}
@@ -382,7 +382,7 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
 
 
 def _spawn_helpers() -> None:
-    """On the spawner thread (``andon.supervisor._spawner``: the stop signals blocked there only,
+    """On the spawner thread (``andon.fleet._spawner``: the stop signals blocked there only,
     and the helpers die with it, that is with this process)."""
     from multiprocess import forkserver, resource_tracker
 

@@ -3,7 +3,7 @@
 The pool keeps ``size`` workers warm, watches each (through its launcher's exit signal and, for
 workers that are not this machine's processes, heartbeats with a deadline), and replaces any that
 ends. A worker that breaks the protocol is killed and replaced: broken means dead. Where a worker
-runs is the launcher's business (:mod:`andon.supervisor._launch`): local forks of a forkserver by
+runs is the launcher's business (:mod:`andon.fleet._launch`): local forks of a forkserver by
 default, containers, or another host over tcp + CURVE.
 
 **Every lease is answered.** A call's lease gets its worker's messages and, if the worker is gone
@@ -44,6 +44,7 @@ import zmq
 import zmq.asyncio
 
 from andon.base import (
+    API_KEY_ENV_VARS,
     AbortSignal,
     Clock,
     ConfigError,
@@ -55,7 +56,9 @@ from andon.base import (
     clean_text,
     procs,
 )
-from andon.llm import API_KEY_ENV_VARS
+from andon.fleet._forkserver import ForkserverLauncher
+from andon.fleet._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.fleet._pool_watch import PoolObserver, PoolStatistics
 from andon.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -75,9 +78,6 @@ from andon.protocol import (
     recv_routed,
     send_routed,
 )
-from andon.supervisor._forkserver import ForkserverLauncher
-from andon.supervisor._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
-from andon.supervisor._pool_watch import PoolObserver, PoolStatistics
 from andon.workers import ToolRegistry, WorkerFault
 
 __all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]

@@ -26,8 +26,8 @@ import pytest
 import andon
 import andon.tools
 from andon.base import WorkerError
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import OpenAICompatible, Scripted
-from andon.supervisor import WorkerPool, WorkerPoolConfig
 from andon.testing import MockModelServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ def test_no_tool_can_read_a_key_in_any_process_andon_started(tmp_path: Path) -> 
     }
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     environ = {**os.environ, **keys, "PYTHONPATH": path}
-    code = "from tests.workers.test_no_keys import drive; drive()"
+    code = "from tests.fleet.test_no_keys import drive; drive()"
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "session"), str(out), custom],
         cwd=ROOT,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 CHILD = """
 import asyncio, json, os, signal, sys
-from andon.supervisor._forkserver import _ensure_forkserver, _ForkserverUsers, _SpawnWindow
+from andon.fleet._forkserver import _ensure_forkserver, _ForkserverUsers, _SpawnWindow
 
 def hold():
     os.write(1, b"held\\n")

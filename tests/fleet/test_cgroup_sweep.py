@@ -127,7 +127,7 @@ async def test_an_andon_in_another_pid_namespace_leaves_our_running_call_alone(
     other = textwrap.dedent(
         """
         import asyncio
-        from andon.supervisor import WorkerPool, WorkerPoolConfig
+        from andon.fleet import WorkerPool, WorkerPoolConfig
         from andon.workers import default
 
         async def main():

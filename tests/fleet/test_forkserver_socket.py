@@ -12,13 +12,8 @@ from pathlib import Path
 import pytest
 
 from andon.base import ErrorCode, WorkerError
-from andon.supervisor import (
-    ToolCallRequest,
-    ToolExecutor,
-    WorkerPool,
-    WorkerPoolConfig,
-    _forkserver,
-)
+from andon.fleet import WorkerPool, WorkerPoolConfig, _forkserver
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from tests.workers.pytools import more_tools
 from tests.workers.support import start
 
