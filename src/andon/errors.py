@@ -20,7 +20,6 @@ from andon.base import (
     UnknownMessage,
     VersionMismatch,
     WorkerError,
-    WorkerLost,
 )
 
 __all__ = [
@@ -43,5 +42,4 @@ __all__ = [
     "UnknownMessage",
     "VersionMismatch",
     "WorkerError",
-    "WorkerLost",
 ]

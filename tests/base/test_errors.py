@@ -12,7 +12,7 @@ def test_every_error_is_an_andon_error() -> None:
 
 
 def test_tree_shape_matches_the_architecture() -> None:
-    assert issubclass(errors.WorkerLost, errors.WorkerError)
+    assert issubclass(errors.NoWorkerStarted, errors.WorkerError)
     leaf: type[errors.AndonError]
     for leaf in (
         errors.LogCorrupted,
@@ -31,8 +31,8 @@ def test_leaves_carry_ids_as_attributes() -> None:
     assert (e.session, e.line, e.offset) == ("s", 7, 512)
     live = errors.SessionLive("held", pid=42, host="h")
     assert (live.pid, live.host) == (42, "h")
-    lost = errors.WorkerLost("gone", worker="w1", call_id="c1-1-1")
-    assert (lost.worker, lost.call_id) == ("w1", "c1-1-1")
+    refused = errors.WorkerError("holds a key", worker="w1")
+    assert refused.worker == "w1"
     model = errors.ModelError(ErrorCode.RATE_LIMITED, "429", status=429, retry_after=0.5)
     assert model.code is ErrorCode.RATE_LIMITED and model.retry_after == 0.5
     aborted = errors.Aborted(Hook("budget"))

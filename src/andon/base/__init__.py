@@ -27,7 +27,6 @@ from andon.base._errors import (
     UnknownMessage,
     VersionMismatch,
     WorkerError,
-    WorkerLost,
     naming_file,
 )
 from andon.base._files import SmallFile, UnreadableFile, read_small_file
@@ -146,7 +145,6 @@ __all__ = [
     "User",
     "VersionMismatch",
     "WorkerError",
-    "WorkerLost",
     "any_signal",
     "call_id",
     "call_tag",

@@ -10,7 +10,6 @@ needs (``session``, ``seq``, ``call_id``, ``code`` ...) as attributes, not only 
     │   ├── VersionMismatch           another protocol version
     │   └── UnknownMessage            a message type this side does not know
     ├── WorkerError                   a worker misbehaved (carries .worker)
-    │   ├── WorkerLost                it died or stopped answering (carries .call_id)
     │   └── NoWorkerStarted           a pool could not start any worker (CLI exit code 6)
     ├── SessionError                  the session folder or its log (carries .session)
     │   ├── LogCorrupted              a bad line followed by good ones (.line, .offset)
@@ -23,6 +22,9 @@ needs (``session``, ``seq``, ``call_id``, ``code`` ...) as attributes, not only 
     │   └── ScriptInvalid             a scripted-model reply is malformed (.index, .field)
     ├── AgentClosed                   a send after disposal began
     └── Aborted                       work stopped because its signal aborted (carries .reason)
+
+A worker lost under a call is no exception: the call ends with a result whose error code is
+``WORKER_LOST`` (the log must hold one result for every call, whatever happened to its worker).
 
 Nothing here imports any other part of andon.
 """
@@ -58,7 +60,6 @@ __all__ = [
     "UnknownMessage",
     "VersionMismatch",
     "WorkerError",
-    "WorkerLost",
 ]
 
 
@@ -118,14 +119,6 @@ class WorkerError(AndonError):
     def __init__(self, message: str, *, worker: str | None = None) -> None:
         super().__init__(message)
         self.worker = worker
-
-
-class WorkerLost(WorkerError):
-    def __init__(
-        self, message: str, *, worker: str | None = None, call_id: str | None = None
-    ) -> None:
-        super().__init__(message, worker=worker)
-        self.call_id = call_id
 
 
 class NoWorkerStarted(WorkerError):
