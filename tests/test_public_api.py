@@ -90,3 +90,155 @@ def test_the_checker_sees_a_missing_and_an_extra_name() -> None:
         "fake.__all__ names 'missing', which fake does not have",
         "fake binds the public name 'extra', which is not in its __all__",
     ]
+
+
+# -- the user tier ------------------------------------------------------------------------------
+# Which names are for users (docs/architecture.md, Who the names are for). Users get a stability
+# promise for these and only these; every other public name exists so that layers can import each
+# other, may change in any release, and lives either in an internal face or beside user names in a
+# face that serves both.
+
+USER_FACES = frozenset(
+    {"andon", "andon.cancel", "andon.errors", "andon.hooks", "andon.tools", "andon.supervisor"}
+)
+"""Faces whose every name is for users."""
+
+USER_NAMES: dict[str, frozenset[str]] = {
+    # Reading a log: read, stream, load (lock and repair), check, the messages a model sees, a
+    # transcript, and the typed records themselves (what Agent.events() yields besides live events).
+    "andon.session": frozenset(
+        {
+            "FORMAT_VERSION",
+            "LoadedSession",
+            "InvariantViolation",
+            "Record",
+            "EventData",
+            "RepairReport",
+            "check",
+            "history",
+            "iter_records",
+            "load",
+            "read",
+            "render_transcript",
+            "repair",
+            # the records' data
+            "AssistantMessage",
+            "AssistantReply",
+            "ContextCompacted",
+            "ContextTrimmed",
+            "ExitStatus",
+            "InboxSpliced",
+            "LlmRequest",
+            "LlmRetry",
+            "ModelInfo",
+            "ProjectInstructions",
+            "SessionRepaired",
+            "SessionResumed",
+            "SessionStart",
+            "StepEnd",
+            "StepStart",
+            "ToolCall",
+            "ToolErrorInfo",
+            "ToolResult",
+            "ToolSignal",
+            "ToolStarted",
+            "TurnEnd",
+            "TurnStart",
+            "Unrecognized",
+            "UserMessage",
+        }
+    ),
+    # The Model protocol, its stream, and the adapters a user picks or writes.
+    "andon.llm": frozenset(
+        {
+            "API_KEY_ENV_VARS",
+            "DEEPSEEK_MODELS",
+            "Chunk",
+            "Finish",
+            "FinishReason",
+            "Model",
+            "ModelIdentity",
+            "ModelRequest",
+            "OpenAICompatible",
+            "ReasoningDelta",
+            "ResponseSchema",
+            "RetryPolicy",
+            "ScriptFailure",
+            "ScriptReply",
+            "ScriptToolCall",
+            "Scripted",
+            "TextDelta",
+            "ToolCallDelta",
+            "Usage",
+            "from_spec",
+        }
+    ),
+    # The pool, its observer, the launchers and the seam a custom launcher implements.
+    "andon.fleet": frozenset(
+        {
+            "CommandLauncher",
+            "ContainerLauncher",
+            "ForkserverLauncher",
+            "LaunchedWorker",
+            "Mount",
+            "PodLauncher",
+            "PoolObserver",
+            "PoolSetup",
+            "PoolStatistics",
+            "TcpListen",
+            "WorkerLauncher",
+            "WorkerPool",
+            "WorkerPoolConfig",
+            "WorkerSpec",
+            "host_mounts",
+        }
+    ),
+    # What a user's own tests start: the mock model server and the stand-in Kubernetes API.
+    "andon.testing": frozenset(
+        {"FakeKubernetes", "MockModelServer", "OVERFLOW_SHAPES", "RecordedRequest"}
+    ),
+}
+"""Faces that serve users and other layers alike: the names for users."""
+
+INTERNAL_FACES = frozenset(
+    {"andon.base", "andon.protocol", "andon.workers", "andon.cli", "andon.cli.bench"}
+)
+"""Faces with no name for users (what users need of them is re-exported by a user face)."""
+
+
+def _user_tier_section() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    start = text.index("## Who the names are for")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_every_face_is_placed_in_one_tier() -> None:
+    placed = [*USER_FACES, *USER_NAMES, *INTERNAL_FACES]
+    assert sorted(placed) == sorted(PACKAGES)
+
+
+@pytest.mark.parametrize("face", sorted(USER_NAMES))
+def test_the_user_names_are_there(face: str) -> None:
+    exported = set(importlib.import_module(face).__all__)
+    assert USER_NAMES[face] <= exported, sorted(USER_NAMES[face] - exported)
+
+
+def test_the_docs_name_the_user_tier() -> None:
+    section = _user_tier_section()
+    missing = [f"`{face}`" for face in sorted(PACKAGES) if f"`{face}`" not in section]
+    missing += [
+        f"{face}: `{name}`"
+        for face, names in sorted(USER_NAMES.items())
+        for name in sorted(names)
+        if f"`{name}`" not in section
+    ]
+    assert not missing, "docs/architecture.md, Who the names are for, lacks:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("face", sorted(INTERNAL_FACES))
+def test_an_internal_face_says_so(face: str) -> None:
+    doc = importlib.import_module(face).__doc__ or ""
+    assert "internal" in doc.lower(), f"{face}'s docstring does not say it is internal"

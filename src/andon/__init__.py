@@ -1,5 +1,23 @@
 """andon: a supervisor for LLM agent loops in which stopping is a first-class operation.
 
+The layout, bottom to top (each layer imports only those below it)::
+
+    andon.base        errors, cancel causes and signals, the clock, ids, process identity
+    andon.protocol    the wire between supervisor and workers
+    andon.session     the append-only log: records, reader, writer, check, repair
+    andon.workers     the worker process and the built-in tools
+    andon.llm         the Model protocol and its adapters
+    andon.fleet       the worker pool and the launchers that start workers
+    andon.supervisor  the agent, its turns, the tool executor, hooks
+    andon.testing     a mock model server and other helpers for tests
+    andon.cli         the ``andon`` command
+
+Names for users: those of this package, ``andon.cancel``, ``andon.errors``, ``andon.hooks``,
+``andon.tools`` and ``andon.supervisor``, and the reading side of ``andon.session``, the model seam
+of ``andon.llm``, the pool and launchers of ``andon.fleet`` and the mock server of
+``andon.testing``. Everything else public is internal, with no stability promise
+(docs/architecture.md, Who the names are for).
+
 The top-level names are loaded lazily (PEP 562) so that importing a lower layer, for example in a
 worker process, does not drag in the supervisor. This module imports nothing at all when loaded:
 the ``andon`` command's entry point runs after it, and every millisecond before the command's

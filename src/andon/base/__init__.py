@@ -1,5 +1,8 @@
 """The bottom layer: errors, cancel causes, abort signals, the clock, ids and the grace value.
 
+An internal face, with no stability promise: users reach what they need of it through ``andon``,
+``andon.cancel`` and ``andon.errors`` (docs/architecture.md, Who the names are for).
+
 Imports nothing else of andon. The closed sets of words andon writes (``EndedBy``, ``SignalStage``,
 …) are declared here once, for the wire, the log and the CLI alike.
 """

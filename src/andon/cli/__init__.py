@@ -1,6 +1,9 @@
 """The ``andon`` command: :func:`main`, its entry point, handles signals before anything else is
 imported.
 
+An internal face: the command line (flags, exit codes, ``--json`` lines) is the promise, not these
+modules (docs/architecture.md, Who the names are for).
+
 The parser and the commands (``andon.cli._main``) import asyncio and the base layer (~60 ms); a
 CI runner's signal in that window would otherwise kill the process by the default action. So this
 package's ``__init__`` imports only the light ``andon.cli._signals`` and installs the handlers at

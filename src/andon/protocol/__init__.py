@@ -1,6 +1,9 @@
 """The wire between the supervisor and its workers: messages, the msgpack codec, ZeroMQ framing,
 and CURVE (keys and a ZAP allow-list) for workers on other hosts.
 
+An internal face, with no stability promise (docs/architecture.md, Who the names are for): the
+wire changes with the protocol version, and supervisor and worker always come from one install.
+
 Imports only ``andon.base`` (and msgpack, zmq). See docs/workers.md, The protocol.
 """
 

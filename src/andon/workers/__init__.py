@@ -1,4 +1,7 @@
-"""The worker layer: the worker process, process-group control and the built-in tools."""
+"""The worker layer: the worker process, process-group control and the built-in tools.
+
+An internal face, with no stability promise: users define and register tools through
+``andon.tools`` (docs/architecture.md, Who the names are for)."""
 
 from andon.workers._builtins import BASH, default
 from andon.workers._containment import (
