@@ -30,11 +30,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from andon.base import ConfigError, Disposed, User, name_path
-from andon.cli._settings import Settings, add_agent_options, read_system_prompt, resolve
+from andon.base import ConfigError, Disposed, User
+from andon.cli._settings import Settings, add_agent_options, resolve
 from andon.cli._term import TermOutput, to_ansi
+
+if TYPE_CHECKING:
+    from andon.cli._setup import JobBase
 
 __all__ = ["register", "run"]
 
@@ -59,13 +62,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 class _Job:
     session: Path
     settings: Settings
-    model: Any
-    cwd: str | None
-    system_prompt: str | None
-    since_seq: int
+    base: JobBase
     queued: tuple[int, int] = (0, 0)  # parked work of a resumed session (next-turn, next-step)
     session_id: str | None = None  # a new session under the root: its folder's name is its id
-    instructions: Any = None  # the AGENTS.md files found (None: turned off)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,41 +75,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _job(args: argparse.Namespace) -> _Job:
-    from andon.base import LogCorrupted, LogFormatUnsupported
     from andon.cli._sessions import new_session_dir
-    from andon.cli._setup import load_model, project_instructions
-    from andon.session import fold_state, read
+    from andon.cli._setup import job_base, read_existing
 
     flags = {k: v for k, v in vars(args).items() if k not in ("session",)}
     settings = resolve(flags)
-    model_spec, system_prompt, cwd = settings.model, None, settings.cwd
-    since_seq = 0
-    queued = (0, 0)
     session = Path(args.session) if args.session else new_session_dir()
     new_id = None if args.session else session.name
-    if (session / "events.jsonl").exists():
-        try:
-            records = read(session)
-        except (LogCorrupted, LogFormatUnsupported) as e:
-            raise ConfigError(f"cannot read the session log: {e}") from None
-        state = fold_state(records)
-        since_seq = state.next_seq
-        queued = (len(state.next_turn), len(state.next_step))
-        if model_spec is None and state.model is not None:
-            model_spec = state.model.spec
-        system_prompt = state.base_system_prompt  # the instructions are read again below
-        if cwd is None and len(records) and records[0].type == "session/start":
-            logged = records[0].to_dict()["data"].get("cwd")
-            cwd = None if logged is None else name_path(logged)  # as show_name recorded it
-    if settings.system is not None:
-        system_prompt = read_system_prompt(settings.system)
-    if cwd is not None and not Path(cwd).is_dir():
-        raise ConfigError(f"--cwd: no such directory: {cwd}")
-    model = load_model(model_spec, settings.thinking)
-    instructions = project_instructions(settings, cwd)
-    return _Job(
-        session, settings, model, cwd, system_prompt, since_seq, queued, new_id, instructions
-    )
+    existing = read_existing(session) if (session / "events.jsonl").exists() else None
+    queued = (0, 0)
+    if existing is not None:
+        queued = (len(existing.state.next_turn), len(existing.state.next_step))
+    return _Job(session, settings, job_base(settings, existing), queued, new_id)
 
 
 @dataclass
@@ -226,16 +202,16 @@ async def _chat(job: _Job) -> int:
 
     options = agent_options(
         job.settings,
-        model=job.model,
-        cwd=job.cwd,
-        system_prompt=job.system_prompt,
+        model=job.base.model,
+        cwd=job.base.cwd,
+        system_prompt=job.base.system_prompt,
         session_id=job.session_id,
-        instructions=job.instructions,
-        context_window=await context_window_for(job.settings, job.model),
+        instructions=job.base.instructions,
+        context_window=await context_window_for(job.settings, job.base.model),
     )
     try:
         async with andon.open_agent(job.session, **options) as agent:
-            events = agent.events(since_seq=job.since_seq)
+            events = agent.events(since_seq=job.base.since_seq)
             render = asyncio.create_task(_render(events, chat))
             chat.agent = agent
             bindings = KeyBindings()

@@ -33,7 +33,6 @@ from andon.base import (
     LogFormatUnsupported,
     SessionLive,
     clean_text,
-    name_path,
 )
 
 if TYPE_CHECKING:
@@ -359,10 +358,9 @@ def _job(args: argparse.Namespace) -> RunJob:
     """Everything ``run``/``resume`` needs, checked before any process starts (errors exit 2)."""
     from andon.cli._run import RunJob, last_turn_overflowed
     from andon.cli._sessions import new_session_dir
-    from andon.cli._settings import read_system_prompt, resolve
-    from andon.cli._setup import load_model, project_instructions
+    from andon.cli._settings import resolve
+    from andon.cli._setup import job_base, read_existing
     from andon.cli._structured import SchemaModel, check_output_file, load_output_schema
-    from andon.session import fold_state, read
 
     settings = resolve(vars(args))
     # The output flags are checked first: a schema or a file that cannot work spends no model
@@ -371,48 +369,27 @@ def _job(args: argparse.Namespace) -> RunJob:
     output_file = None
     if args.output_last_message is not None:
         output_file = check_output_file(args.output_last_message)
-    existing: Path | None = None
+    folder: Path | None = None
     if args.command == "resume":
-        existing = _session_dir(args.session)
+        folder = _session_dir(args.session)
     elif args.session is not None and Path(args.session, "events.jsonl").exists():
-        existing = Path(args.session)
+        folder = Path(args.session)
     elif args.session is not None:
         _check_new_session(Path(args.session))
-    model_spec, system_prompt, cwd = settings.model, None, settings.cwd
-    since_seq = 0
-    overflowed = False
+    existing = None if folder is None else read_existing(folder)
     if existing is not None:
-        # Resuming: the session's own model, prompt and working directory unless overridden.
-        try:
-            records = read(existing)
-        except (LogCorrupted, LogFormatUnsupported) as e:
-            raise ConfigError(f"cannot read the session log: {e}") from None
-        _refuse_invalid(existing, records)
-        state = fold_state(records)
-        since_seq = state.next_seq
-        overflowed = last_turn_overflowed(records)
-        if model_spec is None and state.model is not None:
-            model_spec = state.model.spec
-        # andon's base text (or the --system file's) as logged: the project instructions are
-        # read again below, as they are now.
-        system_prompt = state.base_system_prompt
-        if cwd is None and len(records) and records[0].type == "session/start":
-            logged = records[0].to_dict()["data"].get("cwd")
-            cwd = None if logged is None else name_path(logged)  # as show_name recorded it
+        _refuse_invalid(existing.folder, existing.records)
+        state = existing.state
         if args.prompt is None and not (state.next_turn or state.next_step):
-            repaired = _repair_on_load(existing)
+            repaired = _repair_on_load(existing.folder)
             raise ConfigError(
-                f"nothing to run: the inbox of {existing} is empty; give a PROMPT"
+                f"nothing to run: the inbox of {existing.folder} is empty; give a PROMPT"
                 + (" (the log was repaired: its interrupted turn is closed)" if repaired else "")
             )
-    if settings.system is not None:
-        system_prompt = read_system_prompt(settings.system)
-    if cwd is not None and not Path(cwd).is_dir():
-        raise ConfigError(f"--cwd: no such directory: {cwd}")
-    model = load_model(model_spec, settings.thinking)
+    base = job_base(settings, existing)
+    model = base.model
     if output_schema is not None:
         model = SchemaModel(model, output_schema.response_schema)
-    instructions = project_instructions(settings, cwd)
     # Outside text: argv holds invalid bytes as surrogate escapes, stdin is read as bytes.
     prompt = None if args.prompt is None else clean_text(args.prompt)
     if prompt is None and args.command == "run":
@@ -421,7 +398,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         raise ConfigError("the prompt is empty")
     sid: str | None = None
     if existing is not None:
-        session = existing
+        session = existing.folder
     elif args.session is not None:
         session = Path(args.session)
     else:
@@ -436,15 +413,15 @@ def _job(args: argparse.Namespace) -> RunJob:
         model=model,
         prompt=prompt,
         json=args.json,
-        cwd=cwd,
-        system_prompt=system_prompt,
+        cwd=base.cwd,
+        system_prompt=base.system_prompt,
         created=existing is None,
-        since_seq=since_seq,
+        since_seq=base.since_seq,
         session_id=sid,
         output_schema=output_schema,
         output_file=output_file,
-        instructions=instructions,
-        overflowed=overflowed,
+        instructions=base.instructions,
+        overflowed=existing is not None and last_turn_overflowed(existing.records),
     )
 
 

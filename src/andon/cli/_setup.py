@@ -1,5 +1,6 @@
-"""What every CLI session opens with (``andon run``, ``resume`` and ``chat``): the model its
-settings name, its context window and the ``open_agent`` options they give, in one place so that a
+"""What every CLI session opens with (``andon run``, ``resume`` and ``chat``): what an existing
+session's log says, the model its settings name, its working directory, system prompt and project
+instructions, its context window and the ``open_agent`` options they give, in one place so that a
 setting cannot reach one command and miss another."""
 
 from __future__ import annotations
@@ -7,11 +8,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from andon.base import ConfigError
+from andon.base import ConfigError, LogCorrupted, LogFormatUnsupported, name_path
 from andon.cli._sessions import runtime_root
-from andon.cli._settings import Settings
+from andon.cli._settings import Settings, read_system_prompt
 from andon.cli._workers import launcher_of
 from andon.llm import (
     Model,
@@ -20,16 +23,21 @@ from andon.llm import (
     from_spec,
     known_context_window,
 )
+from andon.session import Records, SessionStart, SessionState, fold_state, read
 
 if TYPE_CHECKING:
     from andon.supervisor import FoundInstructions
 
 __all__ = [
     "DISCOVERY_TIMEOUT",
+    "Existing",
+    "JobBase",
     "agent_options",
     "context_window_for",
+    "job_base",
     "load_model",
     "project_instructions",
+    "read_existing",
 ]
 
 _log = logging.getLogger("andon.cli")
@@ -37,6 +45,60 @@ _log = logging.getLogger("andon.cli")
 DISCOVERY_TIMEOUT: Final = 3.0
 """How long a run waits, at most, for a server to say its context window before it starts
 without one (docs/ci.md, Settings)."""
+
+
+@dataclass(frozen=True)
+class Existing:
+    """An existing session's log, read once: what a job resumes from."""
+
+    folder: Path
+    records: Records
+    state: SessionState
+
+
+def read_existing(folder: Path) -> Existing:
+    """The log of the session in ``folder``, read (not loaded: no lock, no repair) and folded."""
+    try:
+        records = read(folder)
+    except (LogCorrupted, LogFormatUnsupported) as e:
+        raise ConfigError(f"cannot read the session log: {e}") from None
+    return Existing(folder, records, fold_state(records))
+
+
+@dataclass(frozen=True)
+class JobBase:
+    """What ``run``, ``resume`` and ``chat`` resolve alike, before any process starts."""
+
+    model: Model
+    cwd: str | None
+    system_prompt: str | None
+    """andon's base text or the ``--system`` file's; the project instructions are added apart."""
+    instructions: FoundInstructions | None
+    since_seq: int
+    """The first sequence number the job's events may carry (0 for a new session)."""
+
+
+def job_base(settings: Settings, existing: Existing | None) -> JobBase:
+    """The settings, and for an existing session what its log says where a setting is silent:
+    its model, its base system prompt (as logged; the project instructions are read again, as
+    they are now) and its working directory."""
+    model_spec, system_prompt, cwd = settings.model, None, settings.cwd
+    if existing is not None:
+        state = existing.state
+        if model_spec is None and state.model is not None:
+            model_spec = state.model.spec
+        system_prompt = state.base_system_prompt
+        first = existing.records[0].data if len(existing.records) else None
+        if cwd is None and isinstance(first, SessionStart):
+            cwd = name_path(first.cwd)  # as show_name recorded it
+    if settings.system is not None:
+        system_prompt = read_system_prompt(settings.system)
+    if cwd is not None and not Path(cwd).is_dir():
+        raise ConfigError(f"--cwd: no such directory: {cwd}")
+    model = load_model(model_spec, settings.thinking)
+    instructions = project_instructions(settings, cwd)
+    since_seq = existing.state.next_seq if existing is not None else 0
+    return JobBase(model, cwd, system_prompt, instructions, since_seq)
 
 
 def load_model(spec: str | None, thinking: bool | None) -> Model:
