@@ -40,3 +40,17 @@ def test_leaves_carry_ids_as_attributes() -> None:
     script = errors.ScriptInvalid("must be a string", index=3, field="text")
     assert (script.index, script.field) == (3, "text")
     assert "reply 3" in str(script) and "'text'" in str(script)
+
+
+def test_describe_error_is_one_line_for_a_person() -> None:
+    from andon.base import describe_error
+
+    missing = FileNotFoundError(2, "No such file or directory", "/nowhere/x")
+    assert describe_error(missing, typed=False) == "No such file or directory: /nowhere/x"
+    assert describe_error(missing) == "FileNotFoundError: No such file or directory: /nowhere/x"
+    group = ExceptionGroup("one", [ExceptionGroup("inner", [ValueError("bad")])])
+    assert describe_error(group) == "ValueError: bad"
+    assert describe_error(RuntimeError()) == "RuntimeError"
+    assert describe_error(RuntimeError(), typed=False) == "RuntimeError"
+    two = ExceptionGroup("two", [ValueError("a"), KeyError("b")])
+    assert describe_error(two).startswith("ExceptionGroup: two")

@@ -30,6 +30,7 @@ from andon.base._errors import (
     UnknownMessage,
     VersionMismatch,
     WorkerError,
+    describe_error,
     naming_file,
 )
 from andon.base._files import SmallFile, UnreadableFile, read_small_file
@@ -157,6 +158,7 @@ __all__ = [
     "clean_text",
     "codec_for",
     "cut_text",
+    "describe_error",
     "executor_id",
     "hint_codec",
     "is_call_id",

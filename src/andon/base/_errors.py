@@ -261,3 +261,18 @@ def naming_file(path: str | os.PathLike[str]) -> Iterator[None]:
         if exc.filename is not None or exc.errno is None:
             raise
         raise type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), os.fspath(path)) from exc
+
+
+def describe_error(error: BaseException, *, typed: bool = True) -> str:
+    """One line about ``error`` for a person: a group of one error is that error, an OS error
+    names its file, and ``typed`` puts the error's type first (for a failure andon did not
+    expect; a user's mistake reads better as its message alone)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    if isinstance(error, OSError) and error.filename:
+        text = f"{error.strerror or error}: {error.filename}"
+    else:
+        text = str(error)
+    if not typed:
+        return text or type(error).__name__
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -33,6 +33,7 @@ from andon.base import (
     LogFormatUnsupported,
     SessionLive,
     clean_text,
+    describe_error,
 )
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = group.exceptions[0]
         if not isinstance(error, AndonError | OSError):
             raise
-        print(f"andon: {_describe(error)}", file=sys.stderr)
+        print(f"andon: {describe_error(error, typed=False)}", file=sys.stderr)
         return EXIT_USAGE if _is_usage(error) else EXIT_FAILED
     except BrokenPipeError:
         # `andon log DIR | head` closed our stdout: not an error worth a word. (Before OSError,
@@ -205,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AndonError, OSError) as e:
         if args.debug:
             raise
-        print(f"andon: {_describe(e)}", file=sys.stderr)
+        print(f"andon: {describe_error(e, typed=False)}", file=sys.stderr)
         return EXIT_USAGE if _is_usage(e) else EXIT_FAILED
     except KeyboardInterrupt:
         # Ctrl-C before `andon run` installed its own handlers: nothing had started yet.
@@ -217,12 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _is_usage(error: BaseException) -> bool:
     return isinstance(error, SessionLive | ConfigError | FileNotFoundError | NotADirectoryError)
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.filename:
-        return f"{error.strerror or error}: {error.filename}"
-    return str(error)
 
 
 def _session_dir(value: str) -> Path:

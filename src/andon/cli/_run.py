@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from andon.base import Disposed, NoWorkerStarted
+from andon.base import Disposed, NoWorkerStarted, describe_error
 from andon.cli._ladder import HoldingLoop, LoopSignals
 from andon.cli._output import (
     JsonOutput,
@@ -171,7 +171,7 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
         else:
             # After a signal, whatever broke on the way down is reported in one line: the
             # signal decides the exit code (a pool start cut short, say).
-            say(f"stopping after {signal.Signals(signals.first).name}: {_describe(e)}")
+            say(f"stopping after {signal.Signals(signals.first).name}: {describe_error(e)}")
     finally:
         if out.liveness is not None:
             out.liveness.close()
@@ -452,12 +452,6 @@ def _completed_answer(job: RunJob) -> str | None:
     if ended is None or (ended.get("reason") or {}).get("kind") != "completed":
         return None
     return texts.get(ended.get("turn"), "")
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        return _describe(error.exceptions[0])
-    return f"{type(error).__name__}: {error}"
 
 
 def _output(job: RunJob) -> Output:
