@@ -178,13 +178,16 @@ def wait_all_exited(pids: list[int], timeout: float) -> list[int]:
         except ProcessLookupError:
             continue
     deadline = time.monotonic() + timeout
+    poller = select.poll()  # poll: select refuses fds >= 1024, and a forking tree leaves many
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
     try:
         while fds:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            ready, _, _ = select.select(list(fds), [], [], left)
-            for fd in ready:
+            for fd, _ in poller.poll(left * 1000):
+                poller.unregister(fd)
                 fds.pop(fd)
                 os.close(fd)
         return list(fds.values())

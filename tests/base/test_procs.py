@@ -103,3 +103,33 @@ def test_child_ended_says_how_without_reaping() -> None:
         running.stdin.close()
         for child in (exits, killed, running):
             child.wait(timeout=30)
+
+
+def test_a_pidfd_numbered_past_1024_is_still_watched() -> None:
+    # A kill of a fast-forking call holds thousands of pidfds at once: select() refuses any
+    # numbered 1024 or more ("filedescriptor out of range"), poll() does not.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft <= 1100 and (hard == resource.RLIM_INFINITY or hard > 1100):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    child = subprocess.Popen(["sh", "-c", "read line"], stdin=subprocess.PIPE)
+    try:
+        info = procs.stat(child.pid)
+        assert info is not None
+        opened = procs.Pidfd.open(info.key)
+        assert opened is not None
+        high = procs.Pidfd(os.dup2(opened.fd, 1100), info.key)
+        opened.close()
+        with high:
+            assert not high.exited()
+            assert child.stdin is not None
+            child.stdin.close()
+            assert procs.wait_exited([high], 30.0)
+            assert high.exited()
+    finally:
+        if child.stdin is not None and not child.stdin.closed:
+            child.stdin.close()
+        child.wait(timeout=30)
+        if soft <= 1100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -721,7 +721,9 @@ class Writer:
                         n = os.write(self.fd, view)
                     except BlockingIOError:
                         # Someone set O_NONBLOCK on the shared file description: wait, off the loop.
-                        select.select([], [self.fd], [])
+                        writable = select.poll()  # poll: select refuses fds >= 1024
+                        writable.register(self.fd, select.POLLOUT)
+                        writable.poll()
                         continue
                     view = view[n:]
                     with self._cond:
