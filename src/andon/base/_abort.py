@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Final
+from typing import Final, final
 
 from andon.base._causes import Cause
 from andon.base._errors import Aborted
@@ -144,6 +144,7 @@ def _run_callback(fn: Callback, cause: Cause) -> None:
         _log.exception("abort callback %r raised", fn)
 
 
+@final
 class AbortController:
     """The write side: ``abort(cause)`` fires ``signal`` once; later calls change nothing."""
 

@@ -7,11 +7,12 @@ cause given to a controller wins (see ``_abort``), so a cause is also the turn's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 __all__ = ["Cause", "Disposed", "Hook", "Parent", "Timeout", "User", "cause_from_dict"]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class User:
     """A person or CI pressed stop (Ctrl-C, SIGINT, ``/cancel``)."""
@@ -25,6 +26,7 @@ class User:
         return "by user"
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Parent:
     """The parent agent of a subagent was cancelled."""
@@ -38,6 +40,7 @@ class Parent:
         return "by parent agent"
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Hook:
     """A hook (for example a turn budget) cancelled the turn, saying why."""
@@ -52,6 +55,7 @@ class Hook:
         return f"by hook: {self.reason}"
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Disposed:
     """The agent is being closed (leaving ``open_agent``, SIGTERM)."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, final
 
 from andon.base._codes import ErrorCode
 
@@ -82,6 +82,7 @@ class ProtocolError(AndonError):
         self.call_id = call_id
 
 
+@final
 class MessageTooLarge(ProtocolError):
     kind: ProtocolErrorKind = "too-large"
 
@@ -91,10 +92,12 @@ class MessageTooLarge(ProtocolError):
         self.limit = limit
 
 
+@final
 class MalformedFrame(ProtocolError):
     kind: ProtocolErrorKind = "malformed"
 
 
+@final
 class VersionMismatch(ProtocolError):
     kind: ProtocolErrorKind = "version"
 
@@ -104,6 +107,7 @@ class VersionMismatch(ProtocolError):
         self.expected = expected
 
 
+@final
 class UnknownMessage(ProtocolError):
     kind: ProtocolErrorKind = "unknown-type"
 
@@ -121,6 +125,7 @@ class WorkerError(AndonError):
         self.worker = worker
 
 
+@final
 class NoWorkerStarted(WorkerError):
     """A worker pool could not start any worker: its start gave up after bounded retries
     (docs/workers.md, Starting workers). ``andon run`` exits 6."""
@@ -135,6 +140,7 @@ class SessionError(AndonError):
         self.session = session
 
 
+@final
 class LogCorrupted(SessionError):
     def __init__(self, message: str, *, session: str | None = None, line: int, offset: int) -> None:
         super().__init__(message, session=session)
@@ -142,6 +148,7 @@ class LogCorrupted(SessionError):
         self.offset = offset
 
 
+@final
 class LogFormatUnsupported(SessionError):
     def __init__(
         self,
@@ -156,6 +163,7 @@ class LogFormatUnsupported(SessionError):
         self.record_type = record_type
 
 
+@final
 class SessionLive(SessionError):
     def __init__(
         self, message: str, *, session: str | None = None, pid: int | None, host: str | None
@@ -165,6 +173,7 @@ class SessionLive(SessionError):
         self.host = host
 
 
+@final
 class LogWriteFailed(SessionError):
     code = ErrorCode.LOG_WRITE_FAILED
 
@@ -178,6 +187,7 @@ class LogWriteFailed(SessionError):
 # --- model ------------------------------------------------------------------------------------
 
 
+@final
 class ModelError(AndonError):
     """The model API failed. ``code`` is one of the model codes (docs/models.md, Errors and
     retries).
@@ -216,6 +226,7 @@ class ConfigError(AndonError):
     """The user's configuration or input is wrong; the message says what and where."""
 
 
+@final
 class ScriptInvalid(ConfigError):
     def __init__(self, message: str, *, index: int | None, field: str | None) -> None:
         where = []
@@ -232,11 +243,13 @@ class ScriptInvalid(ConfigError):
 # --- agent ------------------------------------------------------------------------------------
 
 
+@final
 class AgentClosed(AndonError):
     def __init__(self, message: str = "the agent is closed; nothing was sent") -> None:
         super().__init__(message)
 
 
+@final
 class Aborted(AndonError):
     """Raised by ``signal.throw_if_aborted()``: the work's signal aborted with ``reason``."""
 

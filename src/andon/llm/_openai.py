@@ -22,7 +22,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Final
+from typing import Final, final
 from urllib.parse import urlsplit
 
 import httpx
@@ -87,6 +87,7 @@ def _read_key(variable: str | None, *, required: bool, what: str) -> _Secret:
     return _Secret(value, variable)
 
 
+@final
 class OpenAICompatible:
     """A :class:`~andon.llm.Model` over ``POST {base_url}/chat/completions`` with SSE streaming.
 

@@ -20,7 +20,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, final
 
 from andon.base import AbortSignal, Cause, Clock, ErrorCode, ModelError
 from andon.llm._types import RetryDecider
@@ -104,6 +104,7 @@ def parse_retry_after(value: str, *, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """When and how long to wait before another attempt.

@@ -19,7 +19,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, final
 
 from andon.base import FINISH_REASONS, MODEL_ERROR_CODES, ErrorCode, ModelError, ScriptInvalid
 from andon.llm._overflow import overflow_figures
@@ -81,6 +81,7 @@ _MODEL_CODES: Final = {code.value: code for code in MODEL_ERROR_CODES}
 # --- the parsed script ------------------------------------------------------------------------
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ScriptToolCall:
     """One tool call of a reply: the provider's id (given, or ``call_<reply>_<n>``), the name and
@@ -91,6 +92,7 @@ class ScriptToolCall:
     arguments: str  # already a string: what the provider would send, valid JSON or not
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ScriptFailure:
     """What an ``error`` reply fails with instead of streaming: a model error code, its message,
@@ -118,6 +120,7 @@ class ScriptFailure:
         )
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ScriptReply:
     """One validated reply: its content, pacing and finish, or (``error`` set) a failure.

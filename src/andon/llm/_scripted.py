@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import yaml
 
@@ -45,6 +45,7 @@ from andon.llm._types import (
 __all__ = ["Scripted"]
 
 
+@final
 class Scripted:
     """A :class:`~andon.llm.Model` that plays ``replies`` in order, one per model request.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, final, runtime_checkable
 
 from andon.base import AbortSignal, FinishReason, ModelError
 
@@ -38,6 +38,7 @@ __all__ = [
 raised as :class:`~andon.base.ModelError`, never delivered as a :class:`Finish`."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     """A fragment of the visible answer."""
@@ -50,6 +51,7 @@ class TextDelta:
         return {"type": self.type, "text": self.text}
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
     """A fragment of the model's reasoning (DeepSeek ``reasoning_content``)."""
@@ -62,6 +64,7 @@ class ReasoningDelta:
         return {"type": self.type, "text": self.text}
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """A fragment of tool call number ``index`` (0-based, in model order).
@@ -88,6 +91,7 @@ class ToolCallDelta:
         return out
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Token counts of the request, as the provider reported them.
@@ -116,6 +120,7 @@ class Usage:
         return out
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Finish:
     """The reply is complete; always the last chunk of a stream that completed."""
@@ -128,6 +133,7 @@ Chunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | Usage | Finish
 """One item of a model stream."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ResponseSchema:
     """The JSON Schema the model's final answer must match (``andon run --output-schema``).
@@ -141,6 +147,7 @@ class ResponseSchema:
     schema: Mapping[str, Any]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One request to the model: the conversation and the tools it may call.
@@ -169,6 +176,7 @@ a scripted or mock model can tell such a request apart from a step's
 (``andon.testing.MockModelServer``'s ``summaries`` option answers it without using the script)."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ModelIdentity:
     """Which model this is: the user's ``--model`` spec, the provider and the model name."""

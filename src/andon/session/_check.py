@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, assert_never, final
 
 from andon.base import ErrorCode
 from andon.session._events import ProjectInstructions
@@ -67,6 +67,7 @@ __all__ = ["InvariantViolation", "check"]
 _SHA256 = re.compile("[0-9a-f]{64}")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class InvariantViolation:
     """One broken invariant: the record (``seq``) where it shows, the rule number, and why."""

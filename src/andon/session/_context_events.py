@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, final
 
 from andon.session._values import COUNT, OMIT, RecordData
 
 __all__ = ["ContextCompacted", "ContextTrimmed"]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ContextTrimmed(RecordData, record_type="context/trimmed"):
     """``context/trimmed``: the results of ``calls`` are shown to the model, from here on, as a
@@ -35,6 +36,7 @@ class ContextTrimmed(RecordData, record_type="context/trimmed"):
     json_keys: ClassVar = ("turn", "step", "calls", "tokens_before", "tokens_after", "window")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ContextCompacted(RecordData, record_type="context/compacted"):
     """``context/compacted``: the model-visible history before record ``kept_from`` (a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, final
 
 from andon.base import ReplyFinish, shape
 from andon.session._values import (
@@ -70,6 +70,7 @@ class InstructionFile(LogValue):
     json_keys: ClassVar = ("path", "sha256", "bytes", "truncated")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ProjectInstructions(LogValue):
     """The project instructions added to the system prompt, outermost first."""
@@ -83,6 +84,7 @@ class ProjectInstructions(LogValue):
     what is before them is the base text (andon's own, or a ``--system`` file's)."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class SessionStart(RecordData, record_type="session/start"):
     """``session/start``: the first record of every session."""
@@ -100,6 +102,7 @@ class SessionStart(RecordData, record_type="session/start"):
     """Absent when none were added (none found, or turned off)."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class SessionResumed(RecordData, record_type="session/resumed"):
     """``session/resumed``: a new process took the session over (its system prompt from here on)."""
@@ -114,6 +117,7 @@ class SessionResumed(RecordData, record_type="session/resumed"):
     """Read again by this process: absent when none were added."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class SessionRepaired(RecordData, record_type="session/repaired"):
     """``session/repaired``: crash repair's summary, written after its closers.
@@ -127,6 +131,7 @@ class SessionRepaired(RecordData, record_type="session/repaired"):
     killed_leftovers: int
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class InboxSpliced(RecordData, record_type="agent/inbox/spliced"):
     """``agent/inbox/spliced``: one change of an inbox list.
@@ -151,12 +156,14 @@ class InboxSpliced(RecordData, record_type="agent/inbox/spliced"):
 # --- turns and steps ----------------------------------------------------------------------------
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class TurnStart(TurnData, record_type="turn/start"):
     """``turn/start``: the first record of a turn, before anything the turn does; its one
     ``turn/end`` is the last (docs/log-format.md, The rules a log always keeps)."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class TurnEnd(TurnData, record_type="turn/end"):
     """``turn/end``: exactly one per turn, saying how it ended."""
@@ -165,12 +172,14 @@ class TurnEnd(TurnData, record_type="turn/end"):
     """How: completed, max-tokens, blocked, aborted (with its cause), error, or interrupted."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class StepStart(StepData, record_type="step/start"):
     """``step/start``: steps restart at 1 in each turn; the messages entered into the step follow
     it at once."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class StepEnd(StepData, record_type="step/end"):
     """``step/end``: written in a ``finally`` (or by crash repair)."""
@@ -187,6 +196,7 @@ class UserMessageEntered(StepData, record_type="user/message"):
 # --- the model ----------------------------------------------------------------------------------
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class LlmRequest(AttemptData, record_type="llm/request"):
     """``llm/request``: before each model request (``attempt`` starts at 1)."""
@@ -195,6 +205,7 @@ class LlmRequest(AttemptData, record_type="llm/request"):
     """The provider's model name the request asks for."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class LlmRetry(AttemptData, record_type="llm/retry"):
     """``llm/retry``: a failed request is retried after ``delay`` seconds.
@@ -213,6 +224,7 @@ class AssistantChunk(AttemptData, record_type="assistant/chunk"):
     deltas: tuple[Mapping[str, Any], ...]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class AssistantMessage(StepData, record_type="assistant/message"):
     """``assistant/message``: a finished reply, or (``interrupted``) the salvaged prefix of one.

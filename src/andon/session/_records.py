@@ -17,7 +17,7 @@ import json
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, final
 
 from andon.base import LogFormatUnsupported, catch_all
 from andon.session._context_events import ContextCompacted, ContextTrimmed
@@ -76,6 +76,7 @@ SUPPORTED_FORMATS = frozenset({1, FORMAT_VERSION})
 """Every format this version reads: a format 1 log is a format 2 log without compaction."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Unrecognized:
     """An ``"ignorable": true`` record of a type this version does not know: kept, never folded."""
@@ -149,6 +150,7 @@ class _Envelope(LogValue):
     ignorable: Annotated[bool, OMIT] = False
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Record:
     """One line of the log: ``{"seq", "time", "type", "data"}`` plus the optional markers.

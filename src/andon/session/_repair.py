@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import final
 
 from andon.base import Clock, SessionError, SystemClock, naming_file
 from andon.session._create import is_temporary
@@ -59,6 +60,7 @@ REPAIR_TEXTS = ClosingTexts(
 )
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class RepairReport:
     """What repair did, or (``dry_run``) would do.
@@ -87,6 +89,7 @@ class RepairReport:
         return self.torn is not None or bool(self.closers)
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class LoadedSession:
     """A cold session, repaired if it needed it.

@@ -7,7 +7,7 @@ docs/log-format.md, Tool calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, final
 
 from andon.base import Containment, EndedBy, SignalStage
 from andon.session._values import OMIT, PID, CallData, ExitStatus, ToolErrorInfo
@@ -15,6 +15,7 @@ from andon.session._values import OMIT, PID, CallData, ExitStatus, ToolErrorInfo
 __all__ = ["ToolCall", "ToolResult", "ToolSignal", "ToolStarted"]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ToolCall(CallData, record_type="tool/call"):
     """``tool/call``: the executor is about to start the call (or is skipping it)."""
@@ -23,6 +24,7 @@ class ToolCall(CallData, record_type="tool/call"):
     arguments: str
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ToolStarted(CallData, record_type="tool/started"):
     """``tool/started``: the worker reports the tool's process running.
@@ -41,6 +43,7 @@ class ToolStarted(CallData, record_type="tool/started"):
     cgroup: Annotated[str | None, OMIT] = None
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ToolSignal(CallData, record_type="tool/signal"):
     """``tool/signal``: a grace stage or sweep signal sent ``at`` seconds into the call."""
@@ -50,6 +53,7 @@ class ToolSignal(CallData, record_type="tool/signal"):
     targets: int
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ToolResult(CallData, record_type="tool/result"):
     """``tool/result``: the one result of a call. ``content`` is what the model sees.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeAlias, assert_never
+from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeAlias, assert_never, final
 
 from andon.base import (
     CATCH_ALL,
@@ -274,6 +274,7 @@ class CallData(StepData):
 # --- messages -----------------------------------------------------------------------------------
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ModelInfo(LogValue):
     """The model in force: the spec the user gave, the provider and the provider's model name."""
@@ -283,6 +284,7 @@ class ModelInfo(LogValue):
     name: str
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class UserMessage(LogValue):
     """``{id, role: "user", content, source}``: one message a person, a hook or a tool entered."""
@@ -329,6 +331,7 @@ class ToolCallBlock(LogValue):
 Block: TypeAlias = TextBlock | ReasoningBlock | ToolCallBlock
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class AssistantReply(LogValue):
     """``{role: "assistant", content: [blocks]}``: what the model said, in stream order."""
@@ -356,6 +359,7 @@ class AssistantReply(LogValue):
 # --- tool outcomes ------------------------------------------------------------------------------
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ToolErrorInfo(LogValue):
     """``{name, code, message}`` of an andon error in a tool result (``code``: docs/log-format.md,
@@ -366,6 +370,7 @@ class ToolErrorInfo(LogValue):
     message: str
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ExitStatus(LogValue):
     """``{code, signal}`` of the tool's leader process; both keys always present, one is null."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import final
 
 from andon.base import AbortSignal
 from andon.session import UserMessage
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 
+@final
 @dataclass(frozen=True)
 class ToolCallInfo:
     """What a tool hook is told about a call."""
@@ -47,6 +49,7 @@ class ToolCallInfo:
     step: int
 
 
+@final
 @dataclass(frozen=True)
 class Enter:
     """Let the step run with these messages (possibly changed by the hook)."""
@@ -54,6 +57,7 @@ class Enter:
     messages: Sequence[UserMessage]
 
 
+@final
 @dataclass(frozen=True)
 class Reject:
     """Do not run the step: the turn ends ``blocked`` by ``by``."""
@@ -61,11 +65,13 @@ class Reject:
     by: str
 
 
+@final
 @dataclass(frozen=True)
 class Allow:
     pass
 
 
+@final
 @dataclass(frozen=True)
 class Deny:
     """Do not run the call: it gets a ``DENIED`` result carrying ``reason``; the turn goes on."""
@@ -73,11 +79,13 @@ class Deny:
     reason: str
 
 
+@final
 @dataclass(frozen=True)
 class Retry:
     delay: float
 
 
+@final
 @dataclass(frozen=True)
 class GiveUp:
     pass
@@ -89,26 +97,31 @@ PreToolFn = Callable[..., Awaitable[Allow | Deny]]
 PostToolFn = Callable[..., Awaitable[None]]
 
 
+@final
 @dataclass(frozen=True)
 class PreStep:
     fn: PreStepFn
 
 
+@final
 @dataclass(frozen=True)
 class TurnStopping:
     fn: TurnStoppingFn
 
 
+@final
 @dataclass(frozen=True)
 class PreTool:
     fn: PreToolFn
 
 
+@final
 @dataclass(frozen=True)
 class PostTool:
     fn: PostToolFn
 
 
+@final
 @dataclass(frozen=True)
 class OnRequestError:
     """Would replace the model adapter's own retry decision. Not built yet: the agent refuses it
@@ -117,6 +130,7 @@ class OnRequestError:
     fn: Callable[..., Awaitable[Retry | GiveUp]]
 
 
+@final
 @dataclass(frozen=True)
 class TurnBudget:
     """Cancel a turn with ``Hook("turn budget exceeded: …")`` after ``seconds`` or ``steps``."""

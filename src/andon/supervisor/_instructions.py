@@ -14,7 +14,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, final
 
 from andon.base import UnreadableFile, clean_text, read_small_file, show_name
 from andon.session import InstructionFile, ProjectInstructions
@@ -41,6 +41,7 @@ _HEADING: Final = (
 )
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class FoundInstructions:
     """What :func:`find_project_instructions` found: the text to add to the system prompt (empty

@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from andon.base import clean_text, procs
@@ -875,6 +875,7 @@ class _Server(http.server.ThreadingHTTPServer):
 # -- the fake --------------------------------------------------------------------------------
 
 
+@final
 class FakeKubernetes:
     """A Kubernetes API server (core/v1 Pods and Secrets) with a kubelet that runs each Pod's
     command as local processes under ``root``. Thread-safe; every thread and process it starts

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, final
 
 import yaml
 
@@ -319,6 +319,7 @@ def _seconds_header(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
     """A request the server received: ``headers`` have lower-case names; ``body`` is the parsed
@@ -348,6 +349,7 @@ class _ClientGone(Exception):
 # --- the server ----------------------------------------------------------------------------------
 
 
+@final
 class MockModelServer:
     """Serves ``replies`` (plain dicts, as :class:`~andon.llm.Scripted` takes them, plus the
     server-only fields of :data:`SERVER_ONLY_FIELDS`) at ``{base_url}/chat/completions``.

@@ -12,7 +12,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal, final, overload
 
 from andon.base import GracePolicy
 
@@ -32,6 +32,7 @@ ToolKind = Literal["shell", "python", "supervisor"]
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
+@final
 @dataclass(frozen=True)
 class Tool:
     """A tool the model can call.
@@ -253,6 +254,7 @@ def _json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
+@final
 class ToolRegistry:
     """An ordered set of tools by name."""
 
