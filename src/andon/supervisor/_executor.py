@@ -619,8 +619,11 @@ class _RunningCall:
             # An abort during the send is handled right after it: the ``interrupt`` follows the
             # run, and a worker that has not spawned the tool yet keeps that cancel and answers
             # ``ABORTED_BEFORE_DISPATCH`` (docs/workers.md, A cancel is never lost). The first
-            # step arms the timer for the call's own timeout.
-            await self._apply(Tick())
+            # step arms the timer for the call's own timeout (or, if the send failed, for the
+            # wait for the written-off worker's exit).
+            outcome = await self._apply(Tick())
+            if outcome is not None:
+                return self._final(outcome)
             while True:
                 # The only wait for the world. A task cancellation here (or at any send) leaves
                 # through ``finally`` below and ``execute``, which kills the worker with the call.
