@@ -1,8 +1,8 @@
 """The grace policy value (docs/workers.md, The grace policy).
 
 It lives in ``base`` because three layers share it: the wire (``run`` carries it), the worker
-(sweep bounds, and the timeline of ``andon worker``'s own SIGTERM drain) and the supervisor's
-executor (which owns the timeline of every stop it starts).
+(sweep bounds, and ``andon worker``'s own SIGTERM drain) and the supervisor's executor (which
+walks the grace ladder, :mod:`andon.base._ladder`, for every stop it starts).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from andon.base._vocabulary import CancelStage
 
 __all__ = ["GracePolicy"]
 
@@ -46,10 +48,10 @@ class GracePolicy:
         """Seconds after the stop began at which SIGKILL is sent."""
         return self.term_after + self.kill_after
 
-    def deadline(self, stage: str) -> float:
-        """Seconds after the stop began at which ``stage`` is sent (``interrupt``, ``term``,
-        ``kill``). The executor's timeline takes every deadline from here; the worker's SIGTERM
-        drain (``workers/_main.py``) lays out the same three offsets from the fields itself."""
+    def deadline(self, stage: CancelStage) -> float:
+        """Seconds after the stop began at which ``stage`` is sent. The grace ladder
+        (:class:`~andon.base.GraceLadder`) takes every deadline from here, for the executor and
+        the worker's SIGTERM drain alike."""
         match stage:
             case "interrupt":
                 return 0.0

@@ -1,4 +1,4 @@
-"""The tool executor: dispatches calls to workers and owns the grace timeline.
+"""The tool executor: dispatches calls to workers and walks the grace ladder of every stop.
 
 The executor holds the clock. When a started call must stop (its turn's signal aborted, or its own
 timeout elapsed) it sends the worker the stages of the timeline — interrupt at once, term at
@@ -10,7 +10,10 @@ signal aborts with it) and how far off KILL is, so the worker keeps no timeline 
 
 Everything that can happen to a call arrives on one queue (worker messages, the abort, ``force``,
 timer ticks), so the timeline is a single sequential loop with no races between its branches.
-Timers are :meth:`Clock.call_at` callbacks that put a tick on that queue: no task per timer.
+What the abort, a force, a tick or a worker given up on do to the call is decided by one pure
+function, :meth:`GraceLadder.step` (``andon.base``): it returns the call's next timeline and the
+actions to take, and :meth:`_RunningCall._apply` takes them, in order, in one place. Timers are
+:meth:`Clock.call_at` callbacks that put a tick on that queue: no task per timer.
 
 **Who may change what, and when.** Only the call's own task (:meth:`_RunningCall.drive`) changes
 a call's timeline. The abort callback, :meth:`ToolExecutor.force`, the timer and the pool never
@@ -22,7 +25,7 @@ re-reads ``self.timeline`` after an await instead of trusting what it saw before
 fails turns the timeline ``Lost``). Ticks carry no meaning of their own: each one re-reads the
 clock and the timeline and does what is due now, so a tick from a timer that was replaced, or
 two ticks in a row, do nothing wrong. At most one timer is armed, for the timeline's next
-deadline, and every transition re-arms it (:meth:`_RunningCall._schedule`).
+deadline, and every step that may move that deadline re-arms it (an ``ArmTimer`` action).
 
 **Every call is answered, and nothing of it outlives its answer.** A bad call is answered before
 any worker is taken: arguments the wire cannot carry (an integer beyond 64 bits, a lone surrogate
@@ -52,19 +55,32 @@ from pathlib import Path
 from typing import Any
 
 from andon.base import (
+    CANCEL_STAGES,
     Aborted,
     AbortSignal,
-    CancelStage,
-    Cause,
+    AnswerLost,
+    ArmTimer,
+    BeginStop,
     Clock,
     ErrorCode,
+    Force,
+    GraceLadder,
     GracePolicy,
     Hook,
+    LadderEvent,
+    Lost,
     MessageTooLarge,
+    RetireWorker,
+    Running,
+    SendStage,
     SignalStage,
+    Stopping,
     SystemClock,
+    Tick,
+    Timeline,
     Timer,
     WorkerError,
+    WriteOff,
     call_tag,
     executor_id,
     show_name,
@@ -88,7 +104,6 @@ from andon.protocol import (
 from andon.supervisor._outcome import ToolOutcome, not_run, status_line
 from andon.supervisor._render import lost_content, python_content, shell_content
 from andon.supervisor._spill import DEFAULT_SPILL_CAP, Spill
-from andon.supervisor._timeline import STAGES, Lost, Running, Stopping, Timeline, Why
 from andon.workers import ArgumentError, Tool, ToolRegistry, validate_arguments
 
 __all__ = [
@@ -519,7 +534,6 @@ class _RunningCall:
         signal: AbortSignal,
         observer: ExecutionObserver,
     ) -> None:
-        self.ex = executor
         self.request = request
         self.tool = ready.tool
         self.arguments = ready.arguments
@@ -529,6 +543,11 @@ class _RunningCall:
         self.observer = observer
         self.grace = ready.run.grace
         self.timeout = ready.run.timeout
+        self.ladder = GraceLadder(
+            self.grace, python=self.python, kill_ack_timeout=executor.kill_ack_timeout
+        )
+        """The ladder this call is stopped by: its grace policy, whether its first stage is the
+        interrupt, and how long an unanswered KILL is waited for."""
         self.queue: asyncio.Queue[object] = lease.messages
         """Everything that happens to the call, in order: the worker's messages and the pool's
         ``WorkerGone`` (put by the pool), and ``_ABORT``, ``_FORCE``, ``_TICK`` (put by the
@@ -539,8 +558,8 @@ class _RunningCall:
         """When the run was sent, on the executor's clock; set once, just before the send. The
         result's ``duration`` and the call's own timeout count from here."""
         self.timeline: Timeline = Running(0.0, self.timeout)
-        """Where the call is on the grace ladder (see :mod:`andon.supervisor._timeline`); only
-        :meth:`drive` and the methods it calls replace it, and only forward."""
+        """Where the call is on the grace ladder; only :meth:`_apply` replaces it after the
+        dispatch, with what :meth:`GraceLadder.step` returns, so only forward."""
         self.dispatched = False
         """True from just before the run's send on (never reset): the worker may have the call,
         so it can be released only once its result came. False: nothing was sent."""
@@ -567,15 +586,16 @@ class _RunningCall:
         )
         self._timer: Timer | None = None
         """The one armed timer, for the timeline's next deadline; ``None`` when none is due (no
-        timeout, or ``term_after=inf``). Replaced, never added to, by :meth:`_schedule`."""
+        timeout, or ``term_after=inf``). Replaced, never added to, by :meth:`_arm`."""
 
     @property
     def python(self) -> bool:
         return self.tool.kind == "python"
 
     @property
-    def stop(self) -> Stopping | None:
-        """The stop under way (or the one under way when the worker was lost)."""
+    def stopping(self) -> Stopping | None:
+        """The stop under way (or the one under way when the worker was lost); a state, read
+        only (the transitions are :meth:`GraceLadder.step`'s)."""
         timeline = self.timeline
         if isinstance(timeline, Lost):
             return timeline.stop
@@ -598,8 +618,12 @@ class _RunningCall:
             await self._send_frames(list(self.ready.frames))
             # An abort during the send is handled right after it: the ``interrupt`` follows the
             # run, and a worker that has not spawned the tool yet keeps that cancel and answers
-            # ``ABORTED_BEFORE_DISPATCH`` (docs/workers.md, A cancel is never lost).
-            self._schedule()
+            # ``ABORTED_BEFORE_DISPATCH`` (docs/workers.md, A cancel is never lost). The first
+            # step arms the timer for the call's own timeout (or, if the send failed, for the
+            # wait for the written-off worker's exit).
+            outcome = await self._apply(Tick())
+            if outcome is not None:
+                return self._final(outcome)
             while True:
                 # The only wait for the world. A task cancellation here (or at any send) leaves
                 # through ``finally`` below and ``execute``, which kills the worker with the call.
@@ -693,28 +717,17 @@ class _RunningCall:
                 return self._from_result(item)
             case ErrorReply():
                 # The worker refused or failed to read our message: broken means dead.
-                self._lose(f"the worker answered an error: {item.reason}")
+                await self._apply(WriteOff(f"the worker answered an error: {item.reason}"))
             case WorkerGone():
                 return self._from_worker_gone(item)
             case _Abort():
-                # Running: the stop begins now. Stopping for a timeout: unchanged (same ladder,
-                # already under way). Lost: the worker is being killed; its exit answers the call.
-                timeline = self.timeline
-                if isinstance(timeline, Running):
-                    await self._begin_stop("abort", self.signal.reason)
-                elif isinstance(timeline, Stopping) and timeline.why == "internal":
-                    # A cancel wins: the stop under way after a failure is now the turn's.
-                    self.timeline = replace(timeline, why="abort", cause=self.signal.reason)
+                # What a cancel does in each state is the ladder's to say: from Running the stop
+                # begins; a stop after an internal failure becomes the turn's; otherwise nothing.
+                return await self._apply(BeginStop("abort", self.signal.reason))
             case _Force():
-                # Every stage left, now, in order (``Stopping.send`` skips none). The re-check
-                # after each send is needed: a send that fails makes the timeline ``Lost``.
-                while isinstance(self.timeline, Stopping) and (
-                    (stage := self.timeline.next_stage()) is not None
-                ):
-                    await self._send_stage(stage)
-                self._schedule()
+                return await self._apply(Force())
             case _Tick():
-                return await self._on_tick()
+                return await self._apply(Tick())
         return None
 
     def _observe(self, name: str, *args: Any) -> None:
@@ -731,143 +744,113 @@ class _RunningCall:
         if self.failure is None:
             self.failure = failure
             _log.error("call %s: %s", self.request.call_id, failure)
-        if isinstance(self.timeline, Running) and not self.result_received:
+        if not self.result_received:
             try:
-                await self._begin_stop("internal", _INTERNAL_CAUSE)
+                # Only a running call begins a stop (the ladder's rule): a second reason to stop
+                # never restarts it, so ``began`` and the stages sent stay those of the first.
+                await self._apply(BeginStop("internal", _INTERNAL_CAUSE))
             except Exception as e:
-                self._lose(f"andon could not stop the call after an internal error: {e!r}")
+                await self._apply(
+                    WriteOff(f"andon could not stop the call after an internal error: {e!r}")
+                )
 
-    def _lose(self, reason: str) -> None:
-        """Give up on the worker: kill it with the call's processes, and wait for its exit.
+    async def _apply(self, event: LadderEvent) -> ToolOutcome | None:
+        """Step the ladder with ``event`` and do what it says, in order.
 
-        Idempotent (``Lost`` is final, the first reason stays). From here no stage is sent: the
-        worker is not trusted to apply one. The call is answered by the pool's ``WorkerGone``
-        for that exit, or, if none comes within ``kill_ack_timeout``, by the ``Lost`` deadline,
-        so an unkillable worker cannot hang the turn."""
-        if not isinstance(self.timeline, Lost):
-            self.timeline = Lost(reason, self.stop, self.clock.monotonic())
-            self.retire(reason)
-            self._schedule()
+        The one place after the dispatch where the timeline changes, a stage is sent, the timer
+        is armed and the worker is given up on. A step decides; this only acts, so nothing here
+        chooses a stage. What goes wrong while acting is one more event for the ladder: a send
+        or a timer that fails gives up on the worker (``WriteOff``), stepped after the actions in
+        hand are dropped (they were decided for a worker that was still trusted). A stage is in
+        the timeline before its send, so nothing handled later sends it again, and the ``Lost``
+        that follows a failed send still reports it. Returns the call's answer when the step
+        says to answer (``AnswerLost``)."""
+        events: list[LadderEvent] = [event]
+        while events:
+            self.timeline, actions = self.ladder.step(
+                self.timeline, events.pop(0), self.clock.monotonic()
+            )
+            for action in actions:
+                match action:
+                    case SendStage():
+                        lost = await self._send_stage(action)
+                        if lost is not None:
+                            events.append(WriteOff(lost))
+                            break
+                    case ArmTimer(at=at):
+                        if not self._arm(at):
+                            # Without its timer the timeline cannot be kept: the call cannot
+                            # wait for stages that would never come, so it ends with its worker
+                            # (whose exit answers it).
+                            events.append(WriteOff("andon could not keep the call's timeline"))
+                    case RetireWorker(reason=reason):
+                        # Kill it with the call's processes, and wait for its exit. From here no
+                        # stage is sent: the worker is not trusted to apply one. The call is
+                        # answered by the pool's ``WorkerGone`` for that exit or, if none comes
+                        # within ``kill_ack_timeout``, by the ``Lost`` deadline (``AnswerLost``),
+                        # so an unkillable worker cannot hang the turn.
+                        self.retire(reason)
+                    case AnswerLost(reason=reason):
+                        # The killed worker never showed its exit (it could not be signalled?):
+                        # answer the call anyway; the worker was retired and is the pool's.
+                        return self._from_worker_gone(WorkerGone(reason, on_purpose=True))
+        return None
+
+    async def _send_stage(self, send: SendStage) -> str | None:
+        """Send one stage the ladder decided; the reason to give up on the worker if the send
+        failed. ``kill_in`` tells the worker how far off KILL is, so its own sweep never waits
+        past it."""
+        try:
+            await self.lease.send(
+                Cancel(
+                    call_id=self.request.call_id,
+                    stage=send.stage,
+                    cause=send.cause.to_dict() if send.cause is not None else None,
+                    kill_in=send.kill_in,
+                )
+            )
+        except Exception as e:
+            return self._cannot_send("cancel", e)
+        return None
 
     async def _send(self, msg: Message) -> None:
         try:
             await self.lease.send(msg)
         except Exception as e:
-            self._cannot_send(msg.type, e)
+            await self._apply(WriteOff(self._cannot_send(msg.type, e)))
 
     async def _send_frames(self, frames: list[bytes]) -> None:
         try:
             await self.lease.send_frames(frames)
         except Exception as e:
-            self._cannot_send("run", e)
+            await self._apply(WriteOff(self._cannot_send("run", e)))
 
-    def _cannot_send(self, what: str, error: Exception) -> None:
-        # The worker can no longer be told what to do, so it cannot be trusted with the call:
-        # it goes, with the call's processes (the pool finds them by the call's tag).
+    def _cannot_send(self, what: str, error: Exception) -> str:
+        """Record a send that failed; the reason to give up on the worker. It can no longer be
+        told what to do, so it cannot be trusted with the call: it goes, with the call's
+        processes (the pool finds them by the call's tag)."""
         if self.failure is None:
             self.failure = f"sending the {what!r} message failed: {_describe(error)}"
             _log.error("call %s: %s", self.request.call_id, self.failure)
-        self._lose(f"andon could not send it a {what!r} message")
+        return f"andon could not send it a {what!r} message"
 
-    async def _begin_stop(self, why: Why, cause: Cause | None) -> None:
-        # Only a running call begins a stop (callers check): a second reason to stop never
-        # restarts the ladder, so ``began`` and the stages sent stay those of the first.
-        assert isinstance(self.timeline, Running)
-        now = self.clock.monotonic()
-        # A Python tool's first stage is its signal, whatever ``interrupt`` says of SIGINT.
-        self.timeline = self.timeline.stop(
-            why, cause, now, interrupt=self.grace.interrupt or self.python
-        )
-        # The first stage is due at once (0 s): sent in this same item, not one tick later, so a
-        # cancel reaches the worker with no timer in between. The tick also re-arms the timer.
-        await self._on_tick()
+    def _arm(self, at: float | None) -> bool:
+        """Arm the one timer for ``at`` (none for ``None``); False if it could not be armed.
 
-    async def _on_tick(self) -> ToolOutcome | None:
-        now = self.clock.monotonic()
-        timeline = self.timeline
-        if isinstance(timeline, Running):
-            deadline = timeline.deadline()
-            if deadline is not None and now >= deadline:
-                # ``_begin_stop`` sends the interrupt and re-arms the timer itself.
-                await self._begin_stop("timeout", None)
-                return None
-        elif isinstance(timeline, Stopping):
-            while (
-                isinstance(self.timeline, Stopping)
-                and (stage := self.timeline.due(now, self.grace)) is not None
-            ):
-                await self._send_stage(stage)
-            # Read again: the sends above may have lost the worker.
-            stopping = self.timeline
-            if (
-                isinstance(stopping, Stopping)
-                and stopping.kill_sent_at is not None
-                and now >= stopping.kill_sent_at + self.ex.kill_ack_timeout
-            ):
-                self._lose(
-                    f"the worker did not report the call's end within "
-                    f"{self.ex.kill_ack_timeout:g}s of SIGKILL"
-                )
-        elif now >= timeline.deadline(self.ex.kill_ack_timeout):
-            # The killed worker never showed its exit (it could not be signalled?): answer the
-            # call anyway; the worker was retired and is the pool's to reap.
-            return self._from_worker_gone(
-                WorkerGone(
-                    f"{timeline.reason}; it did not exit within {self.ex.kill_ack_timeout:g}s "
-                    "of being killed",
-                    on_purpose=True,
-                )
-            )
-        self._schedule()
-        return None
-
-    async def _send_stage(self, stage: CancelStage) -> None:
-        stopping = self.timeline
-        assert isinstance(stopping, Stopping)
-        now = self.clock.monotonic()
-        after = stopping.send(stage, now)
-        if after is stopping:
-            return  # already sent (a force and a tick can both reach a stage)
-        # Recorded before the await: the stage counts as sent from the moment it is decided, so
-        # nothing handled later can send it again, and if the send fails the ``Lost`` that
-        # replaces this timeline still reports it. ``kill_in`` tells the worker how far off KILL
-        # is, so its own sweep never waits past it.
-        self.timeline = after
-        await self._send(
-            Cancel(
-                call_id=self.request.call_id,
-                stage=stage,
-                cause=after.cause.to_dict() if after.cause is not None else None,
-                kill_in=after.kill_in(now, self.grace),
-            )
-        )
-
-    def _schedule(self) -> None:
-        """Arm one timer for the next deadline on the clock.
-
-        Called after every transition. The old timer is cancelled first, synchronously, so at
-        most one is armed; one that already fired has left a ``_TICK`` in the queue, which finds
-        nothing due, or what is due now, and does it.
+        The old timer is cancelled first, synchronously, so at most one is armed; one that
+        already fired has left a ``_TICK`` in the queue, which finds nothing due, or what is due
+        now, and does it.
         """
         self._cancel_timer()
-        timeline = self.timeline
-        if isinstance(timeline, Running):
-            deadline = timeline.deadline()
-        elif isinstance(timeline, Stopping):
-            deadline = timeline.deadline(self.grace, self.ex.kill_ack_timeout)
-        else:
-            deadline = timeline.deadline(self.ex.kill_ack_timeout)
-        if deadline is None or not math.isfinite(deadline):
-            return
+        if at is None:
+            return True
         try:
-            self._timer = self.clock.call_at(deadline, self._tick)
+            self._timer = self.clock.call_at(at, self._tick)
         except Exception as e:
-            # Without its timer the timeline cannot be kept: the call cannot wait for stages
-            # that would never come, so it ends with its worker (whose exit answers it).
             if self.failure is None:
                 self.failure = f"arming the grace timer failed: {_describe(e)}"
-            if not isinstance(timeline, Lost):
-                self._lose("andon could not keep the call's timeline")
+            return False
+        return True
 
     def _tick(self) -> None:
         self.queue.put_nowait(_TICK)
@@ -892,7 +875,7 @@ class _RunningCall:
         message = f"internal error in andon's executor: {self.failure}"
         if isinstance(self.timeline, Lost):
             message += "; andon killed its worker and the call's processes"
-        elif self.stop is not None:
+        elif self.stopping is not None:
             message += "; andon stopped the call"
         base = drained if drained is not None else self._bare_outcome()
         content = f"Error: {message}" + (f"\n{base.content}" if base.content else "")
@@ -922,13 +905,13 @@ class _RunningCall:
         )
 
     def _ended_by(self, stage: str) -> Any:
-        stop = self.stop
-        if stop is not None and stop.why == "timeout" and stage in STAGES:
+        stop = self.stopping
+        if stop is not None and stop.why == "timeout" and stage in CANCEL_STAGES:
             return f"timeout-{stage}"
         return stage
 
     def _stop_error(self) -> ErrorInfo | None:
-        stop = self.stop
+        stop = self.stopping
         if stop is None:
             return None
         if stop.why == "abort":
@@ -944,7 +927,7 @@ class _RunningCall:
         )
 
     def _status(self, exit_code: int | None, exit_signal: int | None) -> str:
-        stop = self.stop
+        stop = self.stopping
         return status_line(
             reason=stop.why if stop is not None else None,
             cause=stop.cause if stop is not None else None,
@@ -959,7 +942,7 @@ class _RunningCall:
     def _from_result(self, result: Result) -> ToolOutcome:
         duration = self.clock.monotonic() - self.t0
         closed = self.lease.pool_stopping
-        if closed is not None and self.stop is None and result.ended_by != "exit":
+        if closed is not None and self.stopping is None and result.ended_by != "exit":
             # The pool's close stopped the call (its worker SIGKILLs the call on ``shutdown``):
             # say so, rather than report a SIGKILL nobody here asked for.
             return self._from_worker_gone(WorkerGone(closed, on_purpose=True))
@@ -971,7 +954,7 @@ class _RunningCall:
             # The cancel reached the worker before the spawn: the tool never started.
             return aborted_before_dispatch(self.request.call_id)
         # A call that ended on its own before the stop reached it keeps its own result.
-        stopped = self.stop is not None and result.ended_by != "exit"
+        stopped = self.stopping is not None and result.ended_by != "exit"
         error = self._stop_error() if stopped else result.error
         ended_by = self._ended_by(result.ended_by) if stopped else result.ended_by
         if self.python:
@@ -997,7 +980,7 @@ class _RunningCall:
             )
             content = shell_content(result, self.spill, status)
         failed = result.exit_code not in (None, 0) or result.exit_signal is not None
-        stop = self.stop
+        stop = self.stopping
         return ToolOutcome(
             call_id=self.request.call_id,
             content=content,
@@ -1021,7 +1004,7 @@ class _RunningCall:
         timeline = self.timeline
         reason = timeline.reason if isinstance(timeline, Lost) else gone.reason
         message = f"worker lost: {reason}; {gone.call_note}"
-        stop = self.stop
+        stop = self.stopping
         return ToolOutcome(
             call_id=self.request.call_id,
             content=lost_content(self.spill, message),

@@ -11,24 +11,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from andon.base import Cause, EndedBy, ErrorCode, clean_text, show_name
+from andon.base import Cause, EndedBy, ErrorCode, StageMark, clean_text, show_name
 from andon.protocol import ErrorInfo, Started
 
 __all__ = ["StageMark", "ToolOutcome", "format_output", "not_run", "status_line"]
 
 _SIGNAL_NAMES = {2: "SIGINT", 9: "SIGKILL", 15: "SIGTERM", 1: "SIGHUP", 6: "SIGABRT", 11: "SIGSEGV"}
 _STAGE_SIGNAL = {"interrupt": "SIGINT", "term": "SIGTERM", "kill": "SIGKILL"}
-
-
-@dataclass(frozen=True, slots=True)
-class StageMark:
-    """One stage of the grace ladder that the executor sent, as the status line reports it."""
-
-    stage: str
-    """``interrupt``, ``term`` or ``kill``; a call's marks are in ladder order, each one once."""
-    since_stop: float
-    """Seconds from the stop's beginning to the send, on the executor's clock (the status line's
-    ``+2.00s``; ``tool/signal.at`` is the worker's own measure, from the call's start)."""
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
 A shell call runs ``bash -c`` in a new session (its own process group); a Python call runs in a
 call process forked from the worker, in its own process group (``_pycall``). Either is inside the
-call's cgroup where there is one. The supervisor's executor owns the grace timeline and sends the
-stages; this module applies them. Every signal goes through :meth:`CallProcesses.stop` (its
-:meth:`~CallProcesses.signal` is the same for every member, strays included), which reaches
-processes only through :mod:`andon.base.procs`; a Python tool's interrupt is no signal at all but
-a cooperative cancel written to its call process's pipe (:meth:`CallProcess.cancel`).
+call's cgroup where there is one. Whoever walks the grace ladder (the supervisor's executor, or
+``andon worker``'s own SIGTERM drain) sends the stages; this module applies them. Every signal
+goes through :meth:`CallProcesses.stop` (its :meth:`~CallProcesses.signal` is the same for every
+member, strays included), which reaches processes only through :mod:`andon.base.procs`; a Python
+tool's interrupt is no signal at all but a cooperative cancel written to its call process's pipe
+(:meth:`CallProcess.cancel`).
 
 **A cancel is never lost.** One that arrives before the call's process exists (the call is still
 being validated, or is about to spawn) is kept, and the spawn does not happen: the result says the
@@ -29,6 +30,7 @@ import signal as _signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +67,51 @@ from andon.workers._pycall import spawn as spawn_call_process
 from andon.workers._reaper import Reaper, WaitStatus
 from andon.workers._registry import ArgumentError, Tool, ToolRegistry, validate_arguments
 
-__all__ = ["CallContext", "internal_error_result", "kill_everything", "run_call"]
+__all__ = ["CallContext", "CallStop", "internal_error_result", "kill_everything", "run_call"]
 
 _READ_CHUNK = 1024 * 1024
 _PIPE_SIZE = 1024 * 1024
 TAG_VAR = _procs.TAG_VAR
 
 Send = Callable[[Message], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True, slots=True)
+class CallStop:
+    """What the worker knows of its call's stop: one value, replaced on each cancel. (The ladder
+    itself is walked by whoever sends the cancels: the executor, or this worker's own SIGTERM
+    drain; this is the receiving end.)"""
+
+    last_stage: CancelStage | None = None
+    """The strongest stage applied to the running call; only grows. How the call ended
+    (``ended_by``) is the last stage that reached it before its leader exited."""
+    requested: CancelStage | None = None
+    """A stage that arrived before the call's process existed; only grows. The spawn checks it
+    with no await in between and does not happen: a cancel is never lost."""
+    cause: Cause | None = None
+    """The first cause a cancel carried (never replaced): what a Python tool's signal aborts
+    with, however many stages follow."""
+    kill_deadline: float | None = None
+    """When the ladder sends KILL (each cancel says how far off it is), on the worker's monotonic
+    clock; only moves earlier. The sweep never waits past it. ``None``: no stop under way, and
+    the sweep waits ``kill_after``."""
+
+    def with_cancel(self, msg: Cancel, now: float) -> CallStop:
+        """The value once ``msg`` arrived at ``now``: its KILL deadline and its cause, if first."""
+        kill_deadline = self.kill_deadline
+        if math.isfinite(msg.kill_in):
+            deadline = now + max(0.0, msg.kill_in)
+            kill_deadline = min(kill_deadline or deadline, deadline)
+        cause = self.cause if self.cause is not None else _cause_of(msg)
+        return replace(self, kill_deadline=kill_deadline, cause=cause)
+
+    def with_requested(self, stage: CancelStage) -> CallStop:
+        """The value once ``stage`` arrived before the spawn: kept, the strongest one."""
+        return replace(self, requested=_later(self.requested, stage))
+
+    def with_applied(self, stage: CancelStage) -> CallStop:
+        """The value once ``stage`` reached the running call."""
+        return replace(self, last_stage=_later(self.last_stage, stage))
 
 
 class CallContext:
@@ -98,25 +138,20 @@ class CallContext:
         self.started_at = time.monotonic()
         """When the worker took the call (real time: the worker has no clock to share); the
         ``at`` of every ``signalled`` report counts from here."""
-        self.last_stage: CancelStage | None = None
-        """The strongest stage applied to the running call; only grows (``_later``). How the
-        call ended (``ended_by``) is the last stage that reached it before its leader exited."""
-        self.requested: CancelStage | None = None
-        """A stage that arrived before the call's process existed; only grows. The spawn checks
-        it with no await in between and does not happen: a cancel is never lost."""
-        self.cause: Cause | None = None
-        """The first cause a cancel carried (never replaced): what a Python tool's signal aborts
-        with, however many stages follow."""
-        self.kill_deadline: float | None = None
-        """When the supervisor's timeline sends KILL (each cancel says how far off it is), on the
-        worker's monotonic clock; only moves earlier. The sweep never waits past it. ``None``:
-        no stop under way, and the sweep waits ``kill_after``."""
+        self.stop = CallStop()
+        """The call's stop as the cancels so far made it; replaced whole by :meth:`cancel`."""
         self.procs: CallProcesses | None = None
         self.call_process: CallProcess | None = None
         self._pending: list[Signalled] = []
         # Output flow control: bytes the supervisor has consumed, and how to resume reading.
         self.acked = 0
         self.on_ack: Callable[[], None] | None = None
+
+    @property
+    def python(self) -> bool:
+        """A Python tool (its interrupt is its cooperative signal, not SIGINT)."""
+        tool = self.registry.get(self.run.tool)
+        return tool is not None and tool.kind == "python"
 
     def ack(self, offset: int) -> None:
         """The supervisor consumed the output up to ``offset``: the window moves on."""
@@ -134,22 +169,17 @@ class CallContext:
                 call_id=self.run.call_id, stage=msg, kill_in=0.0 if msg == "kill" else math.inf
             )
         stage = msg.stage
-        now = time.monotonic()
-        if math.isfinite(msg.kill_in):
-            deadline = now + max(0.0, msg.kill_in)
-            self.kill_deadline = min(self.kill_deadline or deadline, deadline)
-        if self.cause is None:
-            self.cause = _cause_of(msg)
+        self.stop = self.stop.with_cancel(msg, time.monotonic())
         if self.procs is None:
             # Not spawned yet (being validated, or waiting for its task to run): remember the
             # strongest stage; the spawn checks it and does not start the tool.
-            self.requested = _later(self.requested, stage)
+            self.stop = self.stop.with_requested(stage)
             return
         if self.call_process is not None and stage == "interrupt":
             # A Python tool's cooperative stop: its signal aborts, with the real cause.
-            delivered = self.call_process.cancel(self.cause or User())
+            delivered = self.call_process.cancel(self.stop.cause or User())
             self._report(stage, 1 if delivered else 0)
-            self.last_stage = _later(self.last_stage, stage)
+            self.stop = self.stop.with_applied(stage)
             return
         # Once the leader is reaped the call is over and its sweep stops what is left; only a
         # KILL (force) still acts at once. ``pinned`` (not "the wait has returned") is the test:
@@ -158,15 +188,15 @@ class CallContext:
             if stage == "kill":
                 self._signal("kill", _signal.SIGKILL, group_only=False)
             return
+        # Whether a shell call gets the interrupt at all is the ladder's rule (GraceLadder.step),
+        # applied by whoever walks it: an interrupt that comes is sent.
         if stage == "interrupt":
-            if not self.run.grace.interrupt:
-                return
             self._signal(stage, _signal.SIGINT, group_only=True)
         elif stage == "term":
             self._signal(stage, _signal.SIGTERM, group_only=True)
         else:
             self._signal(stage, _signal.SIGKILL, group_only=False)
-        self.last_stage = _later(self.last_stage, stage)
+        self.stop = self.stop.with_applied(stage)
 
     def _signal(self, stage: SignalStage, sig: int, *, group_only: bool) -> int:
         assert self.procs is not None
@@ -190,9 +220,10 @@ class CallContext:
     def sweep_delay(self) -> float:
         """How long the sweep waits between SIGTERM and SIGKILL."""
         kill_after = self.run.grace.kill_after
-        if self.kill_deadline is None:
+        kill_deadline = self.stop.kill_deadline
+        if kill_deadline is None:
             return kill_after
-        return max(0.0, min(kill_after, self.kill_deadline - time.monotonic()))
+        return max(0.0, min(kill_after, kill_deadline - time.monotonic()))
 
     def call_cgroup(self) -> Path | None:
         """Create the call's cgroup leaf (cgroup mode), named after its unique tag."""
@@ -226,7 +257,7 @@ async def run_call(ctx: CallContext) -> Result:
         arguments = validate_arguments(tool.parameters, ctx.run.arguments)
     except ArgumentError as e:
         return _not_run(ctx, ErrorCode.INVALID_ARGUMENTS, f"invalid arguments: {e}")
-    if ctx.requested is not None:
+    if ctx.stop.requested is not None:
         # Checked right before the spawn, with no await in between: a cancel that arrived
         # before this line stops the call here; one after it finds the process group.
         return _not_run(
@@ -266,7 +297,7 @@ def internal_error_result(ctx: CallContext, error: Exception) -> Result:
         call_id=ctx.run.call_id,
         exit_code=None,
         exit_signal=None,
-        ended_by=ctx.last_stage or "exit",
+        ended_by=ctx.stop.last_stage or "exit",
         content=f"Error: {message}",
         output_head=b"",
         output_tail=b"",
@@ -437,7 +468,7 @@ async def _wait_and_sweep(ctx: CallContext, pid: int) -> tuple[WaitStatus, Ended
     Every mode reaches what it counts as a member (pgroup mode by the tag), so nothing is left
     to report as unreachable."""
     status = await ctx.reaper.wait(pid)
-    ended_by: EndedBy = ctx.last_stage or "exit"
+    ended_by: EndedBy = ctx.stop.last_stage or "exit"
     strays = await _sweep(ctx)
     return status, ended_by, strays
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import signal as _signal
 import socket
@@ -32,7 +31,20 @@ from typing import Literal, TypeAlias
 import zmq
 import zmq.asyncio
 
-from andon.base import CancelStage, Containment, ContainmentSetting, ProtocolError, procs
+from andon.base import (
+    ArmTimer,
+    BeginStop,
+    Containment,
+    ContainmentSetting,
+    GraceLadder,
+    LadderEvent,
+    ProtocolError,
+    Running,
+    SendStage,
+    Tick,
+    Timeline,
+    procs,
+)
 from andon.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -364,34 +376,41 @@ class Worker:
         asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
-        """SIGTERM as a program: stop the call on its own grace timeline (interrupt, then TERM
-        and KILL after the call's ``term_after`` and ``kill_after``), send its result, exit."""
+        """SIGTERM as a program: stop the call on its own grace ladder (interrupt, then TERM and
+        KILL after the call's ``term_after`` and ``kill_after``), send its result, exit.
+
+        The same :class:`GraceLadder` as the executor's, walked on this worker's clock: no
+        supervisor is stopping the call, so nobody gives up on this worker (no
+        ``kill_ack_timeout``); it waits for its call whatever happens."""
         call, task = self.current, self._call_task
         if call is not None and task is not None and not task.done():
-            grace = call.run.grace
-            stages: list[tuple[float, CancelStage]] = []
-            if grace.interrupt:
-                stages.append((0.0, "interrupt"))
-            stages.append((grace.term_after, "term"))
-            stages.append((grace.term_after + grace.kill_after, "kill"))
-            begun = time.monotonic()
-            kill_at = begun + grace.term_after + grace.kill_after
-            for at, stage in stages:
-                wait = at - (time.monotonic() - begun)
-                if math.isfinite(wait) and wait > 0:
-                    await asyncio.wait({task}, timeout=wait)
-                elif not math.isfinite(wait):
-                    await asyncio.wait({task})
+            ladder = GraceLadder(call.run.grace, python=call.python)
+            timeline: Timeline = Running(began=time.monotonic(), timeout=None)
+            event: LadderEvent = BeginStop("abort", None)
+            while not task.done():
+                timeline, actions = ladder.step(timeline, event, time.monotonic())
+                wake: float | None = None
+                for action in actions:
+                    match action:
+                        case SendStage() if not task.done():  # a call over needs no more
+                            call.cancel(
+                                Cancel(
+                                    call_id=call.run.call_id,
+                                    stage=action.stage,
+                                    cause=action.cause.to_dict() if action.cause else None,
+                                    kill_in=action.kill_in,
+                                )
+                            )
+                            await call.flush_reports()
+                        case ArmTimer(at=at):
+                            wake = at
+                        case _:
+                            pass  # this ladder never gives up on its own worker
                 if task.done():
                     break
-                call.cancel(
-                    Cancel(
-                        call_id=call.run.call_id,
-                        stage=stage,
-                        kill_in=max(0.0, kill_at - time.monotonic()),
-                    )
-                )
-                await call.flush_reports()
+                timeout = None if wake is None else max(0.0, wake - time.monotonic())
+                await asyncio.wait({task}, timeout=timeout)
+                event = Tick()
             await asyncio.wait({task})  # the result goes out in _run
             # Exit only once the supervisor has the result: a worker whose exit is seen before
             # its last frame is read would have its call written off as lost. (Bounded: a
