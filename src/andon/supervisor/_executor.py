@@ -82,6 +82,7 @@ from andon.base import (
     WorkerError,
     WriteOff,
     call_tag,
+    describe_error,
     executor_id,
     show_name,
 )
@@ -191,11 +192,7 @@ class _Failure(Exception):
     """One step of a running call failed; names the step. Never leaves this module."""
 
     def __init__(self, what: str, error: BaseException) -> None:
-        super().__init__(f"{what} failed: {_describe(error)}")
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        super().__init__(f"{what} failed: {describe_error(error)}")
 
 
 def aborted_before_dispatch(call_id: str) -> ToolOutcome:
@@ -458,7 +455,9 @@ class ToolExecutor:
         try:
             ready = self._ready(request)
         except Exception as e:
-            return _internal_not_run(request.call_id, f"preparing the call failed: {_describe(e)}")
+            return _internal_not_run(
+                request.call_id, f"preparing the call failed: {describe_error(e)}"
+            )
         if isinstance(ready, ToolOutcome):
             return ready
         if signal.aborted:
@@ -479,14 +478,18 @@ class ToolExecutor:
                 f"no worker to run the call: {e}",
             )
         except Exception as e:
-            return _internal_not_run(request.call_id, f"getting a worker failed: {_describe(e)}")
+            return _internal_not_run(
+                request.call_id, f"getting a worker failed: {describe_error(e)}"
+            )
         try:
             call = _RunningCall(
                 self, request, ready, lease, signal, observer or ExecutionObserver()
             )
         except Exception as e:
             lease.release()  # nothing was sent
-            return _internal_not_run(request.call_id, f"setting up the call failed: {_describe(e)}")
+            return _internal_not_run(
+                request.call_id, f"setting up the call failed: {describe_error(e)}"
+            )
         self._inflight.add(lease.messages)
         try:
             return _noted(await call.drive(), ready.timeout_note)
@@ -634,7 +637,7 @@ class _RunningCall:
                     failure = (
                         str(e)
                         if isinstance(e, _Failure)
-                        else (f"handling {_item_name(item)} failed: {_describe(e)}")
+                        else (f"handling {_item_name(item)} failed: {describe_error(e)}")
                     )
                     # The call is not abandoned: it is stopped by the ladder a cancel takes, and
                     # the loop goes on draining it; only the answer becomes INTERNAL.
@@ -830,7 +833,7 @@ class _RunningCall:
         told what to do, so it cannot be trusted with the call: it goes, with the call's
         processes (the pool finds them by the call's tag)."""
         if self.failure is None:
-            self.failure = f"sending the {what!r} message failed: {_describe(error)}"
+            self.failure = f"sending the {what!r} message failed: {describe_error(error)}"
             _log.error("call %s: %s", self.request.call_id, self.failure)
         return f"andon could not send it a {what!r} message"
 
@@ -848,7 +851,7 @@ class _RunningCall:
             self._timer = self.clock.call_at(at, self._tick)
         except Exception as e:
             if self.failure is None:
-                self.failure = f"arming the grace timer failed: {_describe(e)}"
+                self.failure = f"arming the grace timer failed: {describe_error(e)}"
             return False
         return True
 
