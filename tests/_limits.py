@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from andon.base import procs
+from andon import procs
 from tests.support import RUN_ENTRY
 
 CLEANUP = 5.0

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from andon.base import procs
-from andon.base.procs import ProcInfo
+from andon import procs
+from andon.procs import ProcInfo
 from tests._limits import (  # noqa: F401 (hooks, found by name)
     pytest_addoption,
     pytest_collection_modifyitems,

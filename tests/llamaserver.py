@@ -29,7 +29,7 @@ from typing import Final
 
 import httpx
 
-from andon.base.procs import ProcessKey, stat
+from andon.procs import ProcessKey, stat
 
 __all__ = [
     "MODEL_ALIAS",

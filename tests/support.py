@@ -18,8 +18,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from andon.base import call_tag, procs
-from andon.base.procs import ProcessKey, ProcInfo
+from andon import procs
+from andon.base import call_tag
+from andon.procs import ProcessKey, ProcInfo
 
 __all__ = [
     "RUN_ENTRY",

@@ -9,7 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from andon.base import procs
+from andon import procs
 from tests.support import alive_after, keep_across_tests, tagged_processes, unkeep
 
 

@@ -35,14 +35,18 @@ ALIASES = {
 }
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
+    "procs": {"base"},
     "protocol": {"base"},
-    "session": {"base"},
-    "workers": {"base", "protocol"},
+    "session": {"base", "procs"},
+    "workers": {"base", "procs", "protocol"},
     "llm": {"base"},
-    "fleet": {"base", "protocol", "workers"},
-    "supervisor": {"base", "protocol", "session", "workers", "fleet", "llm"},
-    "testing": {"base", "llm", "session"},
-    "cli": {"base", "protocol", "session", "workers", "fleet", "llm", "supervisor", "testing"},
+    "fleet": {"base", "procs", "protocol", "workers"},
+    "supervisor": {"base", "procs", "protocol", "session", "workers", "fleet", "llm"},
+    "testing": {"base", "procs", "llm", "session"},
+    "cli": {
+        *("base", "procs", "protocol", "session", "workers", "fleet", "llm"),
+        *("supervisor", "testing"),
+    },
 }
 
 
@@ -79,8 +83,16 @@ def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            found.append((node.lineno, target))
+            # ``from andon import procs`` imports the module andon.procs, not the package.
+            submodules = [f"{target}.{alias.name}" for alias in node.names]
+            named = [m for m in submodules if _is_module(m)]
+            found += [(node.lineno, m) for m in named] or [(node.lineno, target)]
     return [(line, name) for line, name in found if name == "andon" or name.startswith("andon.")]
+
+
+def _is_module(name: str) -> bool:
+    path = SRC.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def source_files() -> list[Path]:

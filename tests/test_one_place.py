@@ -1,4 +1,4 @@
-"""Process identity lives in one module: ``andon.base.procs`` is the only code that reads
+"""Process identity lives in one module: ``andon.procs`` is the only code that reads
 ``/proc/<pid>/stat`` or sends a signal to a process found by a number. Anything else that did would
 be a second, unchecked way to touch a stranger."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import andon
 
 SRC = Path(andon.__file__).parent
-HOME = SRC / "base" / "procs.py"
+HOME = SRC / "procs.py"
 
 FORBIDDEN = {
     "reads /proc/<pid>/stat": re.compile(r"/stat\b"),

@@ -2,7 +2,8 @@
 
 The layout, bottom to top (each layer imports only those below it)::
 
-    andon.base        errors, cancel causes and signals, the clock, ids, process identity
+    andon.base        errors, cancel causes and signals, the clock, ids, the grace ladder
+    andon.procs       process identity: finding and signalling processes, and only ours
     andon.protocol    the wire between supervisor and workers
     andon.session     the append-only log: records, reader, writer, check, repair
     andon.workers     the worker process and the built-in tools

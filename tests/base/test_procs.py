@@ -1,4 +1,4 @@
-"""andon.base.procs against real processes: keys, verified signals, and a kill that keeps up with
+"""andon.procs against real processes: keys, verified signals, and a kill that keeps up with
 a call that forks while it is being killed."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import signal
 import subprocess
 import time
 
-from andon.base import call_tag, executor_id, procs
+from andon import procs
+from andon.base import call_tag, executor_id
 from tests.support import leftovers
 
 

@@ -42,8 +42,8 @@ from typing import IO, Any
 import pytest
 import yaml
 
-from andon.base import procs
-from andon.base.procs import ProcInfo
+from andon import procs
+from andon.procs import ProcInfo
 from tests.cli.support import ANDON, STUBBORN, assert_balanced, env, long_script
 from tests.support import alive_after
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import procs
+from andon import procs
 from tests.cli.support import SLOW_START, env, script, start_held
 from tests.support import alive_after
 

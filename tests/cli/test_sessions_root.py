@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from andon.base import ConfigError, procs
+from andon import procs
+from andon.base import ConfigError
 from andon.cli._sessions import runtime_root, sessions_root
 from tests.cli.support import ANDON, env, is_tool_output, long_script, read_until, script, start
 from tests.support import alive_after

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from andon.base import procs
+from andon import procs
 from tests.cli.support import LONG, env, run, script, start
 from tests.support import alive_after
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import procs
+from andon import procs
 from tests.cli.support import (
     ANDON,
     LONG,

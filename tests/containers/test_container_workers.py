@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from andon import cancel
-from andon.base import ErrorCode, GracePolicy, procs
+from andon import cancel, procs
+from andon.base import ErrorCode, GracePolicy
 from andon.fleet import ContainerLauncher, TcpListen, WorkerPool, WorkerPoolConfig, host_mounts
 from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.testing import host_mount_paths, worker_ulimits

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import andon
-from andon.base import procs
-from andon.base.procs import ProcInfo
+from andon import procs
+from andon.procs import ProcInfo
 from andon.testing import IMAGE_LABEL, host_mount_paths, make_worker_image, remove_image
 from tests.support import alive_after
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import User, procs
+from andon import procs
+from andon.base import User
 from andon.workers._containment import CgroupTree, cgroup2_root
 from tests.support import REPO
 from tests.workers.support import bash, running_pool, start

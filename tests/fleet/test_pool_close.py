@@ -193,7 +193,7 @@ async def test_a_pool_started_in_one_task_works_and_closes_from_another() -> Non
 
 def _alive(pid: int | None) -> bool:
     """Whether ``pid`` (our own child, if anything) still runs; a reaped one is gone."""
-    from andon.base import procs
+    from andon import procs
 
     return pid is not None and procs.child_running(pid)
 
@@ -204,7 +204,7 @@ async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_
     nothing of them outlives the close, not even a zombie."""
     from multiprocess import forkserver, resource_tracker
 
-    from andon.base import procs
+    from andon import procs
 
     pool = WorkerPool(WorkerPoolConfig(size=2), more_tools())
     await pool.start()

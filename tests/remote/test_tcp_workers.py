@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from andon import cancel
-from andon.base import ErrorCode, GracePolicy, procs
+from andon import cancel, procs
+from andon.base import ErrorCode, GracePolicy
 from andon.fleet import (
     CommandLauncher,
     LaunchedWorker,

@@ -20,7 +20,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from andon.base import ErrorCode, GracePolicy, WorkerError, procs
+from andon import procs
+from andon.base import ErrorCode, GracePolicy, WorkerError
 from andon.fleet import (
     CommandLauncher,
     LaunchedWorker,

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from andon.base import call_tag, procs, session_id
+from andon import procs
+from andon.base import call_tag, session_id
 from andon.session import (
     SessionRepaired,
     ToolStarted,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import AbortController, ErrorCode, GracePolicy, Hook, ManualClock, User, procs
+from andon import procs
+from andon.base import AbortController, ErrorCode, GracePolicy, Hook, ManualClock, User
 from andon.supervisor import ToolCallRequest
 from tests.support import alive_after, fifo_in
 from tests.workers.pytools import more_tools

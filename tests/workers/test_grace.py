@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import ErrorCode, GracePolicy, ManualClock, User, executor_id, procs
+from andon import procs
+from andon.base import ErrorCode, GracePolicy, ManualClock, User, executor_id
 from andon.testing import (
     SHELL_SLEEP,
     STUBBORN,

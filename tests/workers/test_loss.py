@@ -177,7 +177,7 @@ async def test_a_dead_supervisors_cgroup_tree_is_swept_at_the_next_start(mode: s
 
     root = cgroup2_root()
     assert root is not None
-    from andon.base import procs
+    from andon import procs
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer exists

@@ -18,7 +18,7 @@ import pytest
 _SCRIPT = textwrap.dedent(
     """
     import asyncio, os, signal, sys
-    from andon.base import procs
+    from andon import procs
     from andon.workers._containment import set_child_subreaper
     from andon.workers._group import CallProcesses
     from andon.workers._reaper import Reaper

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import ErrorCode, GracePolicy, User, call_tag, executor_id, procs
+from andon import procs
+from andon.base import ErrorCode, GracePolicy, User, call_tag, executor_id
 from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.supervisor import ToolExecutor
 from andon.testing import SHELL_SLEEP

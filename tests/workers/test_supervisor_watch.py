@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from andon.base import procs
+from andon import procs
 
 CHILD = """
 import sys

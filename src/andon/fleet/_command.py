@@ -25,7 +25,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from andon.base import WorkerError, procs
+from andon import procs
+from andon.base import WorkerError
 from andon.fleet._launch import (
     LaunchedWorker,
     PidfdWorker,

@@ -28,7 +28,8 @@ import multiprocess
 import multiprocess.context
 from multiprocess import popen_forkserver, spawn
 
-from andon.base import Containment, ContainmentSetting, WorkerError, clean_text, procs
+from andon import procs
+from andon.base import Containment, ContainmentSetting, WorkerError, clean_text
 from andon.fleet._launch import (
     LaunchedWorker,
     PidfdWorker,
@@ -343,7 +344,7 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     ``os.environ`` says later. So the keys must be out of ``os.environ`` at the moment multiprocess
     execs it (it passes the environment as it is then), and only then: the supervisor keeps its
     own keys, which its model needs. The slot is the room a call process writes its call's tag
-    into (:func:`andon.base.procs.stamp_tag`), so it carries the tag like every process a shell
+    into (:func:`andon.procs.stamp_tag`), so it carries the tag like every process a shell
     call starts.
 
     The forkserver is one per process, shared by every pool. One already running whose

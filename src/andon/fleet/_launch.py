@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from andon.base import Containment, procs
+from andon import procs
+from andon.base import Containment
 from andon.protocol import CurveKeys, Started, key_to_hex
 from andon.workers import ToolRegistry
 

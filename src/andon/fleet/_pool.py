@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import zmq
 import zmq.asyncio
 
+from andon import procs
 from andon.base import (
     API_KEY_ENV_VARS,
     AbortSignal,
@@ -54,7 +55,6 @@ from andon.base import (
     SystemClock,
     WorkerError,
     clean_text,
-    procs,
 )
 from andon.fleet._forkserver import ForkserverLauncher
 from andon.fleet._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec

@@ -168,7 +168,7 @@ class Started:
     create_time: float
     """The leader's start time as unix seconds, checked before signalling it: pids are reused.
     Derived from the kernel's start time in clock ticks, it converts back exactly on this boot
-    (:class:`andon.base.procs.ProcessKey`)."""
+    (:class:`andon.procs.ProcessKey`)."""
     containment: Containment
     cgroup: str | None = None
     """The call's cgroup path when ``containment`` is ``cgroup``."""

@@ -19,7 +19,7 @@ started no earlier than the recorded leader **and** one of these holds:
   stale or tampered with.
 
 A group id or a parent chain proves nothing once the leader may be gone, so neither is used. Signals
-go through verified pidfds (``andon.base.procs``), and only calls that ran on this host count.
+go through verified pidfds (``andon.procs``), and only calls that ran on this host count.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from andon.base import call_tag, procs
-from andon.base.procs import CallIdentity, ProcessKey, ProcInfo
+from andon import procs
+from andon.base import call_tag
+from andon.procs import CallIdentity, ProcessKey, ProcInfo
 from andon.session._records import ToolStarted
 from andon.session._tail import Tail
 from andon.session._values import MAX_SECONDS, is_pid

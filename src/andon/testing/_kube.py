@@ -35,7 +35,7 @@ as Never), init and multiple containers, probes, resource enforcement.
 The container is a local process: the first container's ``command + args`` runs in a session of
 its own, in ``<root>/<namespace>/<pod>``, with exactly the Pod's environment plus ``extra_env``
 and ``ANDON_FAKE_POD=<pod uid>``. That marker is how every process of the pod is found
-(:mod:`andon.base.procs`): the container's end takes every process in it, as a real container's
+(:mod:`andon.procs`): the container's end takes every process in it, as a real container's
 cgroup does. There is no mount namespace, so Secret volumes are written under the pod's directory
 and argv words (and env values) naming a mount path are rewritten to that directory.
 
@@ -72,7 +72,8 @@ from types import TracebackType
 from typing import Any, Final, final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from andon.base import clean_text, procs
+from andon import procs
+from andon.base import clean_text
 
 __all__ = ["FakeKubernetes", "Hold", "Recorded"]
 

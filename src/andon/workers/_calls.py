@@ -5,7 +5,7 @@ call process forked from the worker, in its own process group (``_pycall``). Eit
 call's cgroup where there is one. Whoever walks the grace ladder (the supervisor's executor, or
 ``andon worker``'s own SIGTERM drain) sends the stages; this module applies them. Every signal
 goes through :meth:`CallProcesses.stop` (its :meth:`~CallProcesses.signal` is the same for every
-member, strays included), which reaches processes only through :mod:`andon.base.procs`; a Python
+member, strays included), which reaches processes only through :mod:`andon.procs`; a Python
 tool's interrupt is no signal at all but a cooperative cancel written to its call process's pipe
 (:meth:`CallProcess.cancel`).
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from andon import procs as _procs
 from andon.base import (
     CANCEL_STAGES,
     CancelStage,
@@ -47,7 +48,6 @@ from andon.base import (
     name_path,
     show_name,
 )
-from andon.base import procs as _procs
 from andon.protocol import (
     OUTPUT_WINDOW,
     Cancel,

@@ -19,7 +19,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from andon.base import Containment, ContainmentSetting, procs
+from andon import procs
+from andon.base import Containment, ContainmentSetting
 
 __all__ = [
     "CgroupTree",

@@ -22,8 +22,9 @@ import os
 import signal as _signal
 from pathlib import Path
 
-from andon.base import Containment, procs
-from andon.base.procs import ProcInfo
+from andon import procs
+from andon.base import Containment
+from andon.procs import ProcInfo
 from andon.workers._reaper import Reaper
 
 __all__ = ["CallProcesses"]

@@ -31,6 +31,7 @@ from typing import Literal, TypeAlias
 import zmq
 import zmq.asyncio
 
+from andon import procs
 from andon.base import (
     ArmTimer,
     BeginStop,
@@ -43,7 +44,6 @@ from andon.base import (
     SendStage,
     Tick,
     Timeline,
-    procs,
 )
 from andon.protocol import (
     PROTOCOL_VERSION,

@@ -37,6 +37,7 @@ from typing import Any, NoReturn
 
 import msgpack
 
+from andon import procs
 from andon.base import (
     AbortController,
     Aborted,
@@ -46,7 +47,6 @@ from andon.base import (
     clean_text,
     cut_text,
     name_path,
-    procs,
 )
 from andon.protocol import ErrorInfo, Run
 from andon.workers._registry import Tool

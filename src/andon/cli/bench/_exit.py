@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from andon.base import procs
+from andon import procs
 from andon.testing import benchmark_tree
 
 from . import _floors

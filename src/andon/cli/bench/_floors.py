@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import httpx
 from httpx_sse import EventSource
 
-from andon.base import procs
+from andon import procs
 
 __all__ = ["bare_stop", "bare_stop_everything", "fsync_once", "httpx_close", "kill_tagged"]
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import httpx
 
-from andon.base import GracePolicy, User, call_tag, procs
+from andon import procs
+from andon.base import GracePolicy, User, call_tag
 from andon.fleet import WorkerPool
 from andon.llm import OpenAICompatible
 from andon.supervisor import ToolCallRequest, ToolExecutor, open_agent

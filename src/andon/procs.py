@@ -1,5 +1,10 @@
 """Finding, naming and signalling processes by number: the one place in andon that does it.
 
+A layer of its own, just above ``andon.base`` (whose words it uses) and below everything that
+touches a process: the session (crash repair finds a dead run's leftovers), the workers, the
+fleet, the supervisor and the CLI. ``andon.base`` stays free of side effects on the system.
+An internal face, with no stability promise (docs/architecture.md, Who the names are for).
+
 Every other module (the worker's call processes, the pool, crash repair, the CLI's hard exit, the
 benchmark, the test suite) goes through these functions; nothing else reads ``/proc/<pid>/stat``
 or signals a process found by its number (``tests/test_one_place.py`` checks it). The one other
@@ -46,6 +51,7 @@ import psutil
 __all__ = [
     "CLK_TCK",
     "KILL_SETTLE",
+    "TAG_SLOT",
     "TAG_VAR",
     "CallIdentity",
     "Pidfd",
