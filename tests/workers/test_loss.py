@@ -77,9 +77,9 @@ def test_sigterm_to_the_drivers_group_is_not_a_worker_loss(mode: str) -> None:
 async def test_garbage_sent_to_a_worker_gets_an_error_and_it_keeps_serving() -> None:
     async with running_pool("subreaper") as (pool, executor):
         ((worker_id, worker_pid),) = pool.workers.items()
-        assert pool._sock is not None
+        assert pool._wire is not None
         for garbage in ([b"\xc1\xc1"], [b"\x80", b"\x80"], [b"x" * 10, b"y", b"z"]):
-            await pool._sock.send_multipart([worker_id.encode(), *garbage])
+            await pool._wire.sock.send_multipart([worker_id.encode(), *garbage])
         outcome = await executor.execute(
             bash("c1-1-1", "echo still-here"), AbortController().signal
         )
