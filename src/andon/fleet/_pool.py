@@ -79,7 +79,7 @@ from andon.protocol import (
     recv_routed,
     send_routed,
 )
-from andon.workers import ToolRegistry, WorkerFault
+from andon.workers import ToolRegistry
 
 __all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 
@@ -214,8 +214,6 @@ class WorkerPoolConfig:
     max_message_bytes: int = 16 * 1024 * 1024
     runtime_dir: str | None = None  # parent of the private 0700 folder; default XDG/tmp
     tcp: TcpListen | None = None  # for launchers whose workers dial tcp
-    # Tests only: make every worker break the protocol on purpose (see WorkerOptions.fault).
-    worker_fault: WorkerFault | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -351,9 +349,7 @@ class WorkerPool:
         # The variables no worker of this pool may hold (it may only grow: see hide_env()).
         self.hidden_env: frozenset[str] = API_KEY_ENV_VARS | frozenset(hide_env)
         self._worker_registry = registry.for_workers()
-        self.launcher: WorkerLauncher = launcher or ForkserverLauncher(
-            config.containment, worker_fault=config.worker_fault
-        )
+        self.launcher: WorkerLauncher = launcher or ForkserverLauncher(config.containment)
         self.containment = self.launcher.containment
         self.identity = _pool_identity()
         """Unique to this pool on this machine; launchers name and label what they make with it."""
