@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import andon
-from andon.base import AbortController, ErrorCode, GracePolicy
-from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.base import AbortController, ErrorCode, GracePolicy, WorkerError
+from andon.fleet import ForkserverLauncher, LaunchedWorker, WorkerPool, WorkerPoolConfig, WorkerSpec
 from andon.llm import Scripted
 from andon.supervisor import ToolCallRequest, ToolExecutor, ToolOutcome
 from tests.agent.support import Watcher, records
@@ -247,3 +247,51 @@ async def test_a_close_while_workers_still_start_leaves_none_of_them() -> None:
     for _ in range(15):
         async with WorkerPool(WorkerPoolConfig(size=4), more_tools()):
             pass
+
+
+class _StopsSeen(ForkserverLauncher):
+    """Local workers; ``stopping`` is set once the pool's close waits for a worker to stop."""
+
+    def __init__(self) -> None:
+        super().__init__("subreaper")
+        self.stopping = asyncio.Event()
+        self.started: list[LaunchedWorker] = []
+
+    async def start(self, spec: WorkerSpec) -> LaunchedWorker:
+        launched = await super().start(spec)
+        self.started.append(launched)
+        return launched
+
+    async def stop(self, worker: LaunchedWorker, timeout: float) -> None:
+        self.stopping.set()
+        await super().stop(worker, timeout)
+
+
+async def test_a_close_cut_short_by_a_stop_still_ends_the_workers_and_answers_the_call() -> None:
+    """A stop (the closing task cancelled) that lands while the close waits for a busy worker,
+    here a wedged one that would keep it waiting its whole ``stop_timeout``, cuts that wait short
+    and nothing after it (docs/workers.md, The pool's life): the worker is killed, its call is
+    answered, and the close's later steps still run (the launcher's close ends the forkserver)."""
+    from multiprocess import forkserver
+
+    launcher = _StopsSeen()
+    pool = WorkerPool(WorkerPoolConfig(size=1, stop_timeout=600), more_tools(), launcher=launcher)
+    await pool.start()
+    executor = ToolExecutor(pool, pool.registry)
+    task, rec, _ = await start(executor, _request("shell"))
+    await rec.wait_output()
+    (worker,) = pool.workers.values()
+    server = forkserver._forkserver._forkserver_pid
+    assert _alive(server)
+    os.kill(worker, signal.SIGSTOP)  # it never reads the shutdown, never reports
+    closing = asyncio.create_task(pool.aclose())
+    await asyncio.wait_for(launcher.stopping.wait(), 30)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    _closed(await asyncio.wait_for(task, 30))
+    assert call_processes(executor, "c1-1-1") == []
+    assert [w.has_exited() for w in launcher.started] == [True]
+    assert not _alive(server)
+    with pytest.raises(WorkerError, match="the worker pool was closed"):
+        await pool.acquire()
