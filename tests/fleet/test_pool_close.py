@@ -17,8 +17,15 @@ from typing import Any
 import pytest
 
 import andon
-from andon.base import AbortController, ErrorCode, GracePolicy, WorkerError
-from andon.fleet import ForkserverLauncher, LaunchedWorker, WorkerPool, WorkerPoolConfig, WorkerSpec
+from andon.base import AbortController, ErrorCode, GracePolicy, NoWorkerStarted, WorkerError
+from andon.fleet import (
+    ForkserverLauncher,
+    LaunchedWorker,
+    PoolSetup,
+    WorkerPool,
+    WorkerPoolConfig,
+    WorkerSpec,
+)
 from andon.llm import Scripted
 from andon.supervisor import ToolCallRequest, ToolExecutor, ToolOutcome
 from tests.agent.support import Watcher, records
@@ -295,3 +302,37 @@ async def test_a_close_cut_short_by_a_stop_still_ends_the_workers_and_answers_th
     assert not _alive(server)
     with pytest.raises(WorkerError, match="the worker pool was closed"):
         await pool.acquire()
+
+
+class _HeldOpen(ForkserverLauncher):
+    """Local workers whose launcher's open() is held until the test lets it go on."""
+
+    def __init__(self) -> None:
+        super().__init__("subreaper")
+        self.opening = asyncio.Event()
+        self.go_on = asyncio.Event()
+        self.closed = False
+
+    async def open(self, setup: PoolSetup) -> None:
+        self.opening.set()
+        await self.go_on.wait()
+        await super().open(setup)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await super().aclose()
+
+
+async def test_a_close_from_another_task_while_the_pool_starts_ends_the_start() -> None:
+    """A close that lands while start() opens things (here, its launcher) ends the start with an
+    answer, and what the start opened after the close began is closed too."""
+    launcher = _HeldOpen()
+    pool = WorkerPool(WorkerPoolConfig(size=1), more_tools(), launcher=launcher)
+    starting = asyncio.create_task(pool.start())
+    await asyncio.wait_for(launcher.opening.wait(), 30)
+    await pool.aclose()
+    launcher.go_on.set()
+    with pytest.raises(NoWorkerStarted, match="the worker pool was closed"):
+        await asyncio.wait_for(starting, 30)
+    assert launcher.closed
+    assert pool.workers == {}

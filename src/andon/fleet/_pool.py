@@ -412,6 +412,9 @@ class WorkerPool:
             await self._start_first()
         except BaseException:
             await self.aclose()
+            # A close from another task that began while this one still opened things: what
+            # was opened after it is undone here (there is nothing left otherwise).
+            await self._stack.aclose()
             raise
         self._state = self._state.opened()
 
@@ -533,8 +536,9 @@ class WorkerPool:
         twice, and from any task (several sessions may share the pool).
 
         The close unwinds the exit stack start() filled: the workers end (_end_workers), the
-        task group ends, the launcher closes, then the socket and the private folder go. A stop
-        (this task cancelled) in one step cuts that step short, never the steps after it.
+        task group ends, the workers left are waited for, the launcher closes, then the socket
+        and the private folder go (docs/workers.md, The pool's life). A stop (this task
+        cancelled) in one step cuts that step short, never the steps after it.
         """
         if self._state.closes:
             return
