@@ -379,10 +379,7 @@ class WorkerPool:
         self._starting = 0  # start tasks running (each tries one worker, START_ATTEMPTS times)
         self._settled = asyncio.Event()  # no start under way or due (wait_started)
         self._failing_since: float | None = None  # the first failed start with no worker ready
-        self._start_failures = 0  # failed starts (attempts) over the pool's life
-        self._unreported = 0  # failed starts not yet in a warning line
-        self._warned_at: float | None = None
-        self._last_start_error = ""
+        self._failed_starts = _FailedStarts()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -709,7 +706,7 @@ class WorkerPool:
     def statistics(self) -> PoolStatistics:
         """The pool's counters now (a copy: it does not change afterwards)."""
         return PoolStatistics(
-            self.workers, self._spoofed, tuple(self._error_replies), self._start_failures
+            self.workers, self._spoofed, tuple(self._error_replies), self._failed_starts.count
         )
 
     def _tell(self, call: Callable[[], None]) -> None:
@@ -838,20 +835,10 @@ class WorkerPool:
         """One failed start: a warning line (at most one per START_WARNING_INTERVAL, the rest
         counted into it), and, with no worker ready for longer than the start deadline, the pool
         gives up (_check_starts)."""
-        self._start_failures += 1
-        self._unreported += 1
-        self._last_start_error = _error_text(error)
         now = self._clock.monotonic()
-        if not self._first.is_set():
-            # The pool's own start: its success is the news, or its error tells the whole story
-            # (NoWorkerStarted says how many starts failed and the last reason).
-            _log.info("a tool worker did not start: %s", self._last_start_error)
-            self._unreported = 0
-        elif self._warned_at is None or now - self._warned_at >= START_WARNING_INTERVAL:
-            more = f" (and {self._unreported - 1} more)" if self._unreported > 1 else ""
-            _log.warning("a tool worker did not start%s: %s", more, self._last_start_error)
-            self._warned_at = now
-            self._unreported = 0
+        # During the pool's own start, its success is the news, or its error tells the whole
+        # story (NoWorkerStarted says how many starts failed and the last reason).
+        self._failed_starts.note(_error_text(error), now, quiet=not self._first.is_set())
         if not self._has_ready_worker():
             if self._failing_since is None:
                 self._failing_since = now
@@ -877,10 +864,10 @@ class WorkerPool:
 
     def _give_up(self) -> None:
         if self._stopping is None:
-            n = self._start_failures
+            n = self._failed_starts.count
             reason = (
                 f"no tool worker could be started ({n} failed start{'s' if n != 1 else ''}; "
-                f"the last: {self._last_start_error})"
+                f"the last: {self._failed_starts.last})"
             )
             self._stop_taking_work(reason)  # the calls' results and start()'s error say it
 
@@ -1214,6 +1201,32 @@ def _pool_identity() -> str:
     info, pidns = procs.stat(os.getpid()), procs.pid_namespace()
     start = info.start if info is not None else 0
     return f"{os.getpid()}-s{start}-ns{pidns or 0}-{secrets.token_hex(4)}"
+
+
+class _FailedStarts:
+    """The pool's failed starts (attempts) over its life, and their warning lines: at most one
+    per START_WARNING_INTERVAL, the ones in between counted into the next."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""  # the last one's error
+        self._unreported = 0  # not yet in a warning line
+        self._warned_at: float | None = None
+
+    def note(self, error: str, now: float, *, quiet: bool) -> None:
+        """One more, failed with ``error`` at ``now``; ``quiet``: an info line, not a warning."""
+        self.count += 1
+        self._unreported += 1
+        self.last = error
+        if quiet:
+            _log.info("a tool worker did not start: %s", error)
+        elif self._warned_at is None or now - self._warned_at >= START_WARNING_INTERVAL:
+            more = f" (and {self._unreported - 1} more)" if self._unreported > 1 else ""
+            _log.warning("a tool worker did not start%s: %s", more, error)
+            self._warned_at = now
+        else:
+            return
+        self._unreported = 0
 
 
 class _StartFailed(WorkerError):
