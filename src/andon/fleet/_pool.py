@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import secrets
@@ -59,6 +58,7 @@ from andon.base import (
 )
 from andon.fleet._forkserver import ForkserverLauncher
 from andon.fleet._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.fleet._pool_state import POOL_CLOSED, Phase, PoolState
 from andon.fleet._pool_watch import PoolObserver, PoolStatistics
 from andon.protocol import (
     PROTOCOL_VERSION,
@@ -85,9 +85,6 @@ __all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolCo
 
 _log = logging.getLogger("andon.pool")
 
-POOL_CLOSED = "the worker pool was closed"
-"""Why a closed pool's calls end: the reason of their ``WorkerGone``, and of ``acquire``'s error."""
-
 DEFAULT_START_TIMEOUT = 60.0
 """The default hello deadline of one worker's start: with 50 ``andon run`` started at once on 2
 cores the slowest hello took 33 s (docs/ci.md, Start-up under load); about twice that leaves room
@@ -108,51 +105,6 @@ HEARTBEAT_MISSES = 3
 """A worker (or a supervisor, seen from a worker) is lost after this many heartbeat intervals of
 silence: with the default 1 s interval, lost after 3 s (docs/scale-out.md,
 ``andon worker --connect ENDPOINT``)."""
-
-
-class _Phase(enum.Enum):
-    """Where a pool is in its life (docs/workers.md, The pool's life)."""
-
-    NEW = "new"  # made: nothing is open yet
-    STARTING = "starting"  # start() opens what the pool runs on and waits for its first worker
-    OPEN = "open"  # start() returned: workers are lent, and replaced when they end
-    STOPPED = "stopped"  # no more work (its starts gave up, or its receiver failed); open still
-    CLOSING = "closing"  # aclose() ends the workers, then unwinds what start() opened
-    CLOSED = "closed"  # nothing of it is left
-
-
-_TAKING_WORK = frozenset({_Phase.NEW, _Phase.STARTING, _Phase.OPEN})
-
-
-@dataclass(frozen=True)
-class _State:
-    """The pool's lifecycle as one value: its phase and, once it takes no more work, why (the
-    reason every later or waiting call gets, and the reason of its ``WorkerGone``)."""
-
-    phase: _Phase = _Phase.NEW
-    stopped: str | None = None
-
-    def __post_init__(self) -> None:
-        assert (self.stopped is None) == (self.phase in _TAKING_WORK), self
-
-    @property
-    def closes(self) -> bool:
-        """aclose() was called: it runs, or it is over."""
-        return self.phase in (_Phase.CLOSING, _Phase.CLOSED)
-
-    def opened(self) -> _State:
-        """start() returned: open, unless it stopped taking work meanwhile."""
-        return _State(_Phase.OPEN) if self.phase is _Phase.STARTING else self
-
-    def stop(self, reason: str) -> _State:
-        """No more work, for ``reason``: the first reason given is the one that stays."""
-        return self if self.stopped is not None else _State(_Phase.STOPPED, reason)
-
-    def closing(self) -> _State:
-        return _State(_Phase.CLOSING, self.stopped or POOL_CLOSED)
-
-    def closed(self) -> _State:
-        return _State(_Phase.CLOSED, self.stopped or POOL_CLOSED)
 
 
 @dataclass(frozen=True)
@@ -355,7 +307,7 @@ class WorkerPool:
         """Unique to this pool on this machine; launchers name and label what they make with it."""
         if self.launcher.transport == "tcp" and config.tcp is None:
             raise ConfigError("this launcher's workers dial tcp: give the pool config a tcp=")
-        self._state = _State()
+        self._state = PoolState()
         # What start() opens, each closed in reverse by aclose(): the private folder, the
         # socket and its ZAP handler, the launcher, the task group, the workers.
         self._stack = contextlib.AsyncExitStack()
@@ -401,9 +353,9 @@ class WorkerPool:
         What is opened goes onto the pool's exit stack as it opens; a failure, or a stop (this
         task cancelled) at any moment, closes all of it (:meth:`aclose`) before it is raised.
         """
-        if self._state.phase is not _Phase.NEW:
+        if self._state.phase is not Phase.NEW:
             raise WorkerError(f"a worker pool starts once (this one is {self._state.phase.value})")
-        self._state = _State(_Phase.STARTING)
+        self._state = PoolState(Phase.STARTING)
         try:
             await self._open()
             await self._start_first()
