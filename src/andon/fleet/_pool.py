@@ -13,8 +13,12 @@ and when the pool is closed under the call (after the call's processes are kille
 asks a closed pool for a worker gets ``WorkerError`` at once, and so does every call still waiting
 for one when the pool closes.
 
+The pool's life is one value (:class:`~andon.fleet._pool_state.PoolState`: new, starting, open,
+stopped, closing, closed), and what it opens on the way up (its folder, socket, launcher, task
+group) is held by one exit stack that the close unwinds (docs/workers.md, The pool's life).
+
 Every task the pool starts (the receiver, replacements, welcomes, heartbeats) belongs to the pool's
-own ``asyncio.TaskGroup``, entered when the pool starts and exited when it closes. The children
+own ``asyncio.TaskGroup``, entered when the pool starts and ended when it closes. The children
 never raise into it: a task group cancels the task that entered it when a child fails, and that is
 the pool's user, not the pool.
 
