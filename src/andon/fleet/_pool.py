@@ -397,17 +397,16 @@ class WorkerPool:
         stack.callback(shutil.rmtree, runtime, ignore_errors=True)
         ctx = zmq.asyncio.Context()
         stack.callback(ctx.term)  # last of the wire: each socket is closed by then
+        zap, keys = await self._serve_zap(ctx)
         sock = ctx.socket(zmq.ROUTER)
-        stack.callback(sock.close, linger=0)
+        stack.callback(sock.close, linger=0)  # before the ZAP handler: handshakes fail from then
         # A send to a worker that is gone fails (EHOSTUNREACH) instead of vanishing silently.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes * 2)
-        if self.launcher.transport == "tcp":
-            self._wire = await self._bind_tcp(runtime, ctx, sock)
-        else:
-            sock.bind(endpoint)
-            self._wire = _Wire(runtime, endpoint, sock)
+        if keys is not None:
+            curve_server(sock, keys)
+        self._wire = _Wire(runtime, self._bind(sock, endpoint), sock, zap, keys)
         await self.launcher.open(
             PoolSetup(
                 runtime_dir=runtime,
@@ -435,29 +434,35 @@ class WorkerPool:
         if not self._has_ready_worker():
             raise NoWorkerStarted(self._state.stopped or "no tool worker could be started")
 
-    async def _bind_tcp(
-        self, runtime: Path, ctx: zmq.asyncio.Context, sock: zmq.asyncio.Socket
-    ) -> _Wire:
+    async def _serve_zap(
+        self, ctx: zmq.asyncio.Context
+    ) -> tuple[ZapAllowList | None, CurveKeys | None]:
+        """Over tcp with CURVE: the pool's server keys, and the ZAP handler that lets in only the
+        workers on its allow-list (None, None otherwise)."""
         tcp = self.config.tcp
-        assert tcp is not None
-        keys: CurveKeys | None = None
-        zap: ZapAllowList | None = None
-        if not tcp.insecure:
-            keys = tcp.server_keys or CurveKeys.generate()
-            # The ZAP handler must serve before the socket binds: a handshake reaching a socket
-            # with no handler is accepted unchecked.
-            zap = ZapAllowList(tcp.allowed, on_refused=self._on_refused)
-            await zap.start(ctx)
-            self._stack.push_async_callback(_quietly, zap.aclose)
-            curve_server(sock, keys)
+        if self.launcher.transport != "tcp" or tcp is None or tcp.insecure:
+            return None, None
+        keys = tcp.server_keys or CurveKeys.generate()
+        # The ZAP handler must serve before the socket binds: a handshake reaching a socket with
+        # no handler is accepted unchecked.
+        zap = ZapAllowList(tcp.allowed, on_refused=self._on_refused)
+        await zap.start(ctx)
+        self._stack.push_async_callback(_quietly, zap.aclose)
+        return zap, keys
+
+    def _bind(self, sock: zmq.asyncio.Socket, ipc_endpoint: str) -> str:
+        """Bind the pool's socket: what its workers connect to."""
+        tcp = self.config.tcp
+        if self.launcher.transport != "tcp" or tcp is None:
+            sock.bind(ipc_endpoint)
+            return ipc_endpoint
         sock.bind(tcp.address)
         bound = sock.getsockopt(zmq.LAST_ENDPOINT)
         bound_text = bound.decode() if isinstance(bound, bytes) else str(bound)
-        endpoint = bound_text
-        if tcp.advertise is not None:
-            advertised = urlsplit(tcp.advertise)
-            endpoint = f"tcp://{advertised.hostname}:{advertised.port or urlsplit(bound_text).port}"
-        return _Wire(runtime, endpoint, sock, zap, keys)
+        if tcp.advertise is None:
+            return bound_text
+        advertised = urlsplit(tcp.advertise)
+        return f"tcp://{advertised.hostname}:{advertised.port or urlsplit(bound_text).port}"
 
     def _on_refused(self, reason: str) -> None:
         _log.warning("a worker was refused at the handshake: %s", reason)
