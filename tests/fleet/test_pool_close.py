@@ -26,6 +26,7 @@ from andon.fleet import (
     WorkerPoolConfig,
     WorkerSpec,
 )
+from andon.fleet._pool_state import Phase
 from andon.llm import Scripted
 from andon.supervisor import ToolCallRequest, ToolExecutor, ToolOutcome
 from tests.agent.support import Watcher, records
@@ -335,4 +336,31 @@ async def test_a_close_from_another_task_while_the_pool_starts_ends_the_start() 
     with pytest.raises(NoWorkerStarted, match="the worker pool was closed"):
         await asyncio.wait_for(starting, 30)
     assert launcher.closed
+    assert pool.workers == {}
+
+
+async def test_a_stop_while_the_close_waits_for_the_pools_tasks_is_not_lost() -> None:
+    """A cancel that lands while the close waits for the pool's own tasks to end (a task group
+    that is ending already does not raise it) still reaches the closing task: the close runs to
+    its end, then raises it."""
+    pool = _pool()
+    await pool.start()
+    ending, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            ending.set()
+            await go_on.wait()
+            raise
+
+    pool._spawn_task(slow_to_end)
+    closing = asyncio.create_task(pool.aclose())
+    await asyncio.wait_for(ending.wait(), 30)  # the group ends: the close waits for this task
+    closing.cancel()
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(closing, 30)
+    assert pool._state.phase is Phase.CLOSED
     assert pool.workers == {}

@@ -480,9 +480,13 @@ class WorkerPool:
                     yield
                 finally:
                     self._tg = None  # nothing more is started in it
+                    stops = _stops_asked()
                 raise _GroupEnded
         except* _GroupEnded:
-            pass
+            # A group already ending does not raise a cancel that lands while it waits for its
+            # tasks (it would end them anyway): the close goes on, and raises it at its end.
+            if _stops_asked() > stops:
+                raise asyncio.CancelledError from None
 
     async def aclose(self) -> None:
         """Stop every worker and leave no process behind (workers, and what the launcher runs).
@@ -1131,6 +1135,12 @@ def _private_folder(parent: str | None) -> tuple[Path, str]:
         runtime = Path(tempfile.mkdtemp(prefix="andon-", dir="/tmp"))
         endpoint = f"ipc://{runtime}/pool.sock"
     return runtime, endpoint
+
+
+def _stops_asked() -> int:
+    """How many cancels of the running task are pending (``Task.cancelling``)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
 
 
 async def _quietly(close: Callable[[], Coroutine[Any, Any, None]]) -> None:
