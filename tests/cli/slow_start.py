@@ -1,6 +1,6 @@
-"""``andon`` whose local workers never say hello (``WorkerFault`` ``no-hello``): a pool start
-that lasts until it is stopped, or until the start deadline. Run as ``python slow_start.py ARGS``
-in place of ``andon ARGS`` by the start-up signal tests.
+"""``andon`` whose local workers never say hello (``NoHello``, tests/faulty_workers.py): a pool
+start that lasts until it is stopped, or until the start deadline. Run as ``python slow_start.py
+ARGS`` in place of ``andon ARGS`` by the start-up signal tests.
 
 With ``HOLD_SPAWN=FIFO`` in its environment, the forkserver's spawn window (the stop signals
 blocked where the forkserver is spawned) is held open: it says ``spawn window held`` on stderr,
@@ -8,15 +8,16 @@ then waits until a writer opens ``FIFO`` and closes it. With ``PRELOAD=MODULE``,
 imports ``MODULE`` first (from its working directory, this process's), before andon's own modules.
 
 The command's own entry module is imported first, so the signal handlers are in place exactly as
-in ``andon``; the fault is set where the CLI builds its pool options. A signal while this module
+in ``andon``; the faulty launcher (tests/faulty_launcher.py) is set where the CLI builds its
+session options, in place of the default local one. A signal while this module
 patches is a stop before anything started, as in ``andon`` itself.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import andon.cli
@@ -27,13 +28,19 @@ PRELOAD_VAR = "PRELOAD"
 
 
 def _patch() -> None:
+    # The repository, so that the faulty workers' module is importable here and, through the
+    # forkserver's copy of this path, in each worker (which unpickles its program by reference).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from andon.cli import _run, _setup
+    from tests.faulty_launcher import FaultyLauncher
+    from tests.faulty_workers import NoHello
 
     options = _setup.agent_options
 
     def with_fault(*args: Any, **kwargs: Any) -> dict[str, Any]:
         out = options(*args, **kwargs)
-        out["pool"] = dataclasses.replace(out["pool"], worker_fault="no-hello")
+        assert out["launcher"] is None, "slow_start.py makes local workers slow"
+        out["launcher"] = FaultyLauncher([], then=NoHello, containment="auto")
         return out
 
     setattr(_run, "agent_options", with_fault)  # noqa: B010 (what _run calls, not exported)

@@ -17,8 +17,16 @@ from typing import Any
 import pytest
 
 import andon
-from andon.base import AbortController, ErrorCode, GracePolicy
-from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.base import AbortController, ErrorCode, GracePolicy, NoWorkerStarted, WorkerError
+from andon.fleet import (
+    ForkserverLauncher,
+    LaunchedWorker,
+    PoolSetup,
+    WorkerPool,
+    WorkerPoolConfig,
+    WorkerSpec,
+)
+from andon.fleet._pool_state import Phase
 from andon.llm import Scripted
 from andon.supervisor import ToolCallRequest, ToolExecutor, ToolOutcome
 from tests.agent.support import Watcher, records
@@ -247,3 +255,112 @@ async def test_a_close_while_workers_still_start_leaves_none_of_them() -> None:
     for _ in range(15):
         async with WorkerPool(WorkerPoolConfig(size=4), more_tools()):
             pass
+
+
+class _StopsSeen(ForkserverLauncher):
+    """Local workers; ``stopping`` is set once the pool's close waits for a worker to stop."""
+
+    def __init__(self) -> None:
+        super().__init__("subreaper")
+        self.stopping = asyncio.Event()
+        self.started: list[LaunchedWorker] = []
+
+    async def start(self, spec: WorkerSpec) -> LaunchedWorker:
+        launched = await super().start(spec)
+        self.started.append(launched)
+        return launched
+
+    async def stop(self, worker: LaunchedWorker, timeout: float) -> None:
+        self.stopping.set()
+        await super().stop(worker, timeout)
+
+
+async def test_a_close_cut_short_by_a_stop_still_ends_the_workers_and_answers_the_call() -> None:
+    """A stop (the closing task cancelled) that lands while the close waits for a busy worker,
+    here a wedged one that would keep it waiting its whole ``stop_timeout``, cuts that wait short
+    and nothing after it (docs/workers.md, The pool's life): the worker is killed, its call is
+    answered, and the close's later steps still run (the launcher's close ends the forkserver)."""
+    from multiprocess import forkserver
+
+    launcher = _StopsSeen()
+    pool = WorkerPool(WorkerPoolConfig(size=1, stop_timeout=600), more_tools(), launcher=launcher)
+    await pool.start()
+    executor = ToolExecutor(pool, pool.registry)
+    task, rec, _ = await start(executor, _request("shell"))
+    await rec.wait_output()
+    (worker,) = pool.workers.values()
+    server = forkserver._forkserver._forkserver_pid
+    assert _alive(server)
+    os.kill(worker, signal.SIGSTOP)  # it never reads the shutdown, never reports
+    closing = asyncio.create_task(pool.aclose())
+    await asyncio.wait_for(launcher.stopping.wait(), 30)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    _closed(await asyncio.wait_for(task, 30))
+    assert call_processes(executor, "c1-1-1") == []
+    assert [w.has_exited() for w in launcher.started] == [True]
+    assert not _alive(server)
+    with pytest.raises(WorkerError, match="the worker pool was closed"):
+        await pool.acquire()
+
+
+class _HeldOpen(ForkserverLauncher):
+    """Local workers whose launcher's open() is held until the test lets it go on."""
+
+    def __init__(self) -> None:
+        super().__init__("subreaper")
+        self.opening = asyncio.Event()
+        self.go_on = asyncio.Event()
+        self.closed = False
+
+    async def open(self, setup: PoolSetup) -> None:
+        self.opening.set()
+        await self.go_on.wait()
+        await super().open(setup)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await super().aclose()
+
+
+async def test_a_close_from_another_task_while_the_pool_starts_ends_the_start() -> None:
+    """A close that lands while start() opens things (here, its launcher) ends the start with an
+    answer, and what the start opened after the close began is closed too."""
+    launcher = _HeldOpen()
+    pool = WorkerPool(WorkerPoolConfig(size=1), more_tools(), launcher=launcher)
+    starting = asyncio.create_task(pool.start())
+    await asyncio.wait_for(launcher.opening.wait(), 30)
+    await pool.aclose()
+    launcher.go_on.set()
+    with pytest.raises(NoWorkerStarted, match="the worker pool was closed"):
+        await asyncio.wait_for(starting, 30)
+    assert launcher.closed
+    assert pool.workers == {}
+
+
+async def test_a_stop_while_the_close_waits_for_the_pools_tasks_is_not_lost() -> None:
+    """A cancel that lands while the close waits for the pool's own tasks to end (a task group
+    that is ending already does not raise it) still reaches the closing task: the close runs to
+    its end, then raises it."""
+    pool = _pool()
+    await pool.start()
+    ending, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            ending.set()
+            await go_on.wait()
+            raise
+
+    pool._spawn_task(slow_to_end)
+    closing = asyncio.create_task(pool.aclose())
+    await asyncio.wait_for(ending.wait(), 30)  # the group ends: the close waits for this task
+    closing.cancel()
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(closing, 30)
+    assert pool._state.phase is Phase.CLOSED
+    assert pool.workers == {}

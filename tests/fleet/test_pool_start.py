@@ -1,8 +1,8 @@
 """Starting workers: the pool is ready with one worker, a missed hello is retried with back-off,
 and a pool that keeps failing gives up in bounded time (docs/workers.md, Starting workers).
 
-Real workers (forks of the forkserver) that break their start on purpose (``WorkerFault``); the
-deadlines and the back-off run on a ManualClock, so no test waits for real seconds.
+Real workers (forks of the forkserver) that break their start on purpose (tests/faulty_workers.py);
+the deadlines and the back-off run on a ManualClock, so no test waits for real seconds.
 """
 
 from __future__ import annotations
@@ -19,29 +19,13 @@ import pytest
 
 from andon.base import ManualClock, NoWorkerStarted, WorkerError
 from andon.fleet import WorkerPool, WorkerPoolConfig
-from andon.fleet._forkserver import ForkserverLauncher
-from andon.fleet._launch import LaunchedWorker, WorkerSpec
+from andon.fleet._launch import LaunchedWorker
 from andon.fleet._pool import START_ATTEMPTS, START_BACKOFF
-from andon.workers import WorkerFault, default
+from andon.workers import default
+from tests.faulty_launcher import FaultyLauncher
+from tests.faulty_workers import ExitBeforeHello, NoHello
 
 DEADLINE = 30.0  # on the ManualClock: never reached by real time
-
-
-class FaultyLauncher(ForkserverLauncher):
-    """Local workers, the n-th of which commits ``faults[n]`` (the rest: none, or ``then``)."""
-
-    def __init__(self, faults: list[WorkerFault | None], then: WorkerFault | None = None) -> None:
-        super().__init__("subreaper")
-        self.faults = faults
-        self.then = then
-        self.started: list[LaunchedWorker] = []
-
-    async def start(self, spec: WorkerSpec) -> LaunchedWorker:
-        n = len(self.started)
-        self._fault = self.faults[n] if n < len(self.faults) else self.then
-        launched = await super().start(spec)
-        self.started.append(launched)
-        return launched
 
 
 def _pool(
@@ -79,7 +63,7 @@ async def test_a_start_that_misses_its_hello_is_retried_after_a_back_off(
 ) -> None:
     caplog.set_level("INFO", logger="andon.pool")
     clock = ManualClock()
-    launcher = FaultyLauncher(["no-hello"])
+    launcher = FaultyLauncher([NoHello])
     pool = _pool(launcher, clock)
     starting = asyncio.create_task(pool.start())
     try:
@@ -105,7 +89,7 @@ async def test_a_start_that_misses_its_hello_is_retried_after_a_back_off(
 async def test_start_returns_with_one_worker_and_the_rest_start_in_the_background() -> None:
     # The second worker never says hello: the start does not wait for it.
     clock = ManualClock()
-    launcher = FaultyLauncher([None], then="no-hello")
+    launcher = FaultyLauncher([None], then=NoHello)
     pool = _pool(launcher, clock, size=3)
     try:
         await asyncio.wait_for(pool.start(), 60)
@@ -129,7 +113,7 @@ async def test_wait_started_returns_once_every_worker_is_warm() -> None:
 
 async def test_a_pool_whose_starts_all_fail_gives_up_after_bounded_attempts() -> None:
     clock = ManualClock()
-    launcher = FaultyLauncher([], then="no-hello")
+    launcher = FaultyLauncher([], then=NoHello)
     pool = _pool(launcher, clock, size=2)
     starting = asyncio.create_task(pool.start())
     try:
@@ -153,7 +137,7 @@ async def test_a_waiting_call_gets_an_answer_when_replacements_keep_failing() ->
     # The only worker dies; every replacement exits before its hello. The call waiting for a
     # worker is answered (WorkerError: WORKER_LOST for the executor) after bounded attempts.
     clock = ManualClock()
-    launcher = FaultyLauncher([None], then="exit-before-hello")
+    launcher = FaultyLauncher([None], then=ExitBeforeHello)
     pool = _pool(launcher, clock, deadline=1e9)  # only the exits and the back-offs count here
     try:
         await asyncio.wait_for(pool.start(), 60)

@@ -14,9 +14,14 @@ from andon.base import AbortController, ErrorCode, User
 from andon.fleet import PoolObserver, WorkerPool, WorkerPoolConfig
 from andon.supervisor import ToolExecutor
 from andon.testing import SHELL_SLEEP
+from tests.faulty_launcher import FaultyLauncher
+from tests.faulty_workers import ErrorBeforeResult, GarbageAfterStarted
 from tests.support import REPO, call_entry, leftovers, wait_all_exited
 from tests.workers.pytools import registry
 from tests.workers.support import MODES, bash, call_processes, running_pool, start
+
+_ONE = WorkerPoolConfig(size=1)
+"""One worker (its launcher, a test's FaultyLauncher, says how it runs)."""
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -77,9 +82,9 @@ def test_sigterm_to_the_drivers_group_is_not_a_worker_loss(mode: str) -> None:
 async def test_garbage_sent_to_a_worker_gets_an_error_and_it_keeps_serving() -> None:
     async with running_pool("subreaper") as (pool, executor):
         ((worker_id, worker_pid),) = pool.workers.items()
-        assert pool._sock is not None
+        assert pool._wire is not None
         for garbage in ([b"\xc1\xc1"], [b"\x80", b"\x80"], [b"x" * 10, b"y", b"z"]):
-            await pool._sock.send_multipart([worker_id.encode(), *garbage])
+            await pool._wire.sock.send_multipart([worker_id.encode(), *garbage])
         outcome = await executor.execute(
             bash("c1-1-1", "echo still-here"), AbortController().signal
         )
@@ -97,9 +102,9 @@ async def test_a_worker_that_sends_garbage_is_killed_and_replaced() -> None:
         def on_broken(self, worker_id: str, reason: str) -> None:
             broken.append((worker_id, reason))
 
-    config = WorkerPoolConfig(size=1, containment="subreaper", worker_fault="garbage-after-started")
+    launcher = FaultyLauncher([], then=GarbageAfterStarted)
     reg = registry()
-    async with WorkerPool(config, reg, observer=Broken()) as pool:
+    async with WorkerPool(_ONE, reg, observer=Broken(), launcher=launcher) as pool:
         executor = ToolExecutor(pool, reg)
         (old_pid,) = pool.workers.values()
         outcome = await executor.execute(bash("c1-1-1", SHELL_SLEEP), AbortController().signal)
@@ -118,9 +123,9 @@ async def test_an_observer_that_raises_does_not_stop_the_pool(
         def on_broken(self, worker_id: str, reason: str) -> None:
             raise RuntimeError("the observer's own bug")
 
-    config = WorkerPoolConfig(size=1, containment="subreaper", worker_fault="garbage-after-started")
+    launcher = FaultyLauncher([], then=GarbageAfterStarted)
     reg = registry()
-    async with WorkerPool(config, reg, observer=Raising()) as pool:
+    async with WorkerPool(_ONE, reg, observer=Raising(), launcher=launcher) as pool:
         executor = ToolExecutor(pool, reg)
         outcome = await executor.execute(bash("c1-1-1", SHELL_SLEEP), AbortController().signal)
         assert outcome.error is not None and outcome.error.code is ErrorCode.WORKER_LOST
@@ -138,10 +143,10 @@ async def test_a_result_after_an_error_reply_does_not_replace_worker_lost(
     first (docs/workers.md, The grace policy). Each trial is a fresh worker (the last one was
     killed), so the trials are independent; whether the result is queued before the executor
     handles the error depends on how the frames arrive, and the answer must not."""
-    config = WorkerPoolConfig(size=1, containment="subreaper", worker_fault="error-before-result")
+    launcher = FaultyLauncher([], then=ErrorBeforeResult)
     reg = registry()
     caplog.set_level("WARNING", logger="andon.executor")
-    async with WorkerPool(config, reg) as pool:
+    async with WorkerPool(_ONE, reg, launcher=launcher) as pool:
         executor = ToolExecutor(pool, reg)
         for i in range(12):
             call = f"c1-{i + 1}-1"

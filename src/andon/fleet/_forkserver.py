@@ -41,7 +41,6 @@ from andon.fleet._spawner import STOP_SIGNALS, in_spawner
 from andon.protocol import Started
 from andon.workers import (
     CgroupTree,
-    WorkerFault,
     WorkerOptions,
     cgroup2_root,
     detect_mode,
@@ -71,14 +70,8 @@ class ForkserverLauncher(WorkerLauncher):
     local_processes = True
     lost_call_note = "andon killed the call's processes"
 
-    def __init__(
-        self,
-        containment: ContainmentSetting = "auto",
-        *,
-        worker_fault: WorkerFault | None = None,
-    ) -> None:
+    def __init__(self, containment: ContainmentSetting = "auto") -> None:
         self.containment: Containment = detect_mode(containment)
-        self._fault = worker_fault
         self._setup: PoolSetup | None = None
         self._hidden: frozenset[str] = frozenset()
         self._registry: Any = None
@@ -109,10 +102,17 @@ class ForkserverLauncher(WorkerLauncher):
         if held:
             raise WorkerError(_holds_message(held))
 
+    def worker_program(self) -> Callable[[WorkerOptions], None]:
+        """What the next worker runs, given its options: andon's worker. A test's launcher
+        gives one that breaks the protocol on purpose; it is pickled (by reference) into the
+        forked worker, so it must be importable there."""
+        return worker_main
+
     async def start(self, spec: WorkerSpec) -> LaunchedWorker:
         setup = self._setup
         assert setup is not None, "open() first"
         worker_id = spec.worker_id
+        program = self.worker_program()
         options = WorkerOptions(
             endpoint=spec.endpoint,
             worker_id=worker_id,
@@ -123,7 +123,6 @@ class ForkserverLauncher(WorkerLauncher):
             log_path=str(setup.runtime_dir / f"{worker_id}.log"),
             cgroup_base=str(self._cgroups.base) if self._cgroups is not None else None,
             max_message_bytes=setup.max_message_bytes,
-            fault=self._fault,
         )
 
         def process_of() -> _WorkerProcess:
@@ -131,7 +130,7 @@ class ForkserverLauncher(WorkerLauncher):
             # worker's parent (a dead one is never respawned from there).
             forked_by = dataclasses.replace(options, forkserver_pid=_forkserver_pid())
             name = f"andon-worker-{worker_id}"
-            return _WorkerProcess(target=worker_main, args=(forked_by,), name=name, daemon=True)
+            return _WorkerProcess(target=program, args=(forked_by,), name=name, daemon=True)
 
         _ensure_forkserver(self._hidden)
         try:

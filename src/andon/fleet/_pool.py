@@ -13,8 +13,12 @@ and when the pool is closed under the call (after the call's processes are kille
 asks a closed pool for a worker gets ``WorkerError`` at once, and so does every call still waiting
 for one when the pool closes.
 
+The pool's life is one value (:class:`~andon.fleet._pool_state.PoolState`: new, starting, open,
+stopped, closing, closed), and what it opens on the way up (its folder, socket, launcher, task
+group) is held by one exit stack that the close unwinds (docs/workers.md, The pool's life).
+
 Every task the pool starts (the receiver, replacements, welcomes, heartbeats) belongs to the pool's
-own ``asyncio.TaskGroup``, entered when the pool starts and exited when it closes. The children
+own ``asyncio.TaskGroup``, entered when the pool starts and ended when it closes. The children
 never raise into it: a task group cancels the task that entered it when a child fails, and that is
 the pool's user, not the pool.
 
@@ -33,7 +37,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -58,6 +62,7 @@ from andon.base import (
 )
 from andon.fleet._forkserver import ForkserverLauncher
 from andon.fleet._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
+from andon.fleet._pool_state import POOL_CLOSED, Phase, PoolState
 from andon.fleet._pool_watch import PoolObserver, PoolStatistics
 from andon.protocol import (
     PROTOCOL_VERSION,
@@ -78,14 +83,11 @@ from andon.protocol import (
     recv_routed,
     send_routed,
 )
-from andon.workers import ToolRegistry, WorkerFault
+from andon.workers import ToolRegistry
 
 __all__ = ["TcpListen", "WorkerGone", "WorkerLease", "WorkerPool", "WorkerPoolConfig"]
 
 _log = logging.getLogger("andon.pool")
-
-POOL_CLOSED = "the worker pool was closed"
-"""Why a closed pool's calls end: the reason of their ``WorkerGone``, and of ``acquire``'s error."""
 
 DEFAULT_START_TIMEOUT = 60.0
 """The default hello deadline of one worker's start: with 50 ``andon run`` started at once on 2
@@ -107,6 +109,21 @@ HEARTBEAT_MISSES = 3
 """A worker (or a supervisor, seen from a worker) is lost after this many heartbeat intervals of
 silence: with the default 1 s interval, lost after 3 s (docs/scale-out.md,
 ``andon worker --connect ENDPOINT``)."""
+
+
+@dataclass(frozen=True)
+class _Wire:
+    """What start() opened for the workers to reach the pool (its exit stack closes each)."""
+
+    runtime: Path  # the private 0700 folder: the ipc socket, the workers' logs
+    endpoint: str  # what workers connect to
+    sock: zmq.asyncio.Socket  # ROUTER
+    zap: ZapAllowList | None = None  # tcp + CURVE: who may connect
+    server_keys: CurveKeys | None = None
+
+
+class _GroupEnded(Exception):
+    """Raised in the pool's task group to end it: every task still in it is cancelled."""
 
 
 @dataclass(frozen=True)
@@ -153,8 +170,6 @@ class WorkerPoolConfig:
     max_message_bytes: int = 16 * 1024 * 1024
     runtime_dir: str | None = None  # parent of the private 0700 folder; default XDG/tmp
     tcp: TcpListen | None = None  # for launchers whose workers dial tcp
-    # Tests only: make every worker break the protocol on purpose (see WorkerOptions.fault).
-    worker_fault: WorkerFault | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -290,48 +305,37 @@ class WorkerPool:
         # The variables no worker of this pool may hold (it may only grow: see hide_env()).
         self.hidden_env: frozenset[str] = API_KEY_ENV_VARS | frozenset(hide_env)
         self._worker_registry = registry.for_workers()
-        self.launcher: WorkerLauncher = launcher or ForkserverLauncher(
-            config.containment, worker_fault=config.worker_fault
-        )
+        self.launcher: WorkerLauncher = launcher or ForkserverLauncher(config.containment)
         self.containment = self.launcher.containment
         self.identity = _pool_identity()
         """Unique to this pool on this machine; launchers name and label what they make with it."""
         if self.launcher.transport == "tcp" and config.tcp is None:
             raise ConfigError("this launcher's workers dial tcp: give the pool config a tcp=")
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
-        self._zap: ZapAllowList | None = None
+        self._state = PoolState()
+        # What start() opens, each closed in reverse by aclose(): the private folder, the
+        # socket and its ZAP handler, the launcher, the task group, the workers.
+        self._stack = contextlib.AsyncExitStack()
+        self._wire: _Wire | None = None  # set once start() listens
+        # Every background task (the receiver, heartbeats, starts, welcomes) belongs to this
+        # group, from start() to aclose(); None outside those: nothing more is started.
+        self._tg: asyncio.TaskGroup | None = None
         self._keys_of: dict[str, bytes] = {}  # worker id -> the public key made for it (tcp)
         self._spoofed = 0  # frames dropped: sent under another worker's name (tcp + CURVE)
-        self._server_keys: CurveKeys | None = None
-        self._runtime: Path | None = None
-        self._endpoint = ""  # what workers connect to
         self._workers: dict[str, _Worker] = {}
         self._idle: list[_Worker] = []
         # Calls waiting for an idle worker: bare futures (not tasks), resolved by a release, a
         # new worker, the close, or the waiting call's own abort signal.
         self._waiters: set[asyncio.Future[None]] = set()
         self._counter = 0
-        # Why no more work is taken (POOL_CLOSED, or the receiver's failure); None while running.
-        self._stopping: str | None = None
-        self._closed = False
-        self._launcher_open = False
-        # Background tasks (the receiver, replacements, welcomes) belong to this task group, from
-        # start() to aclose(); ``_tasks`` is the same set, kept to cancel them at the close.
-        self._tg: asyncio.TaskGroup | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._error_replies: list[tuple[str, str]] = []  # error answers outside any call
         # Starting workers (docs/workers.md, Starting workers): start() waits for the first
         # worker only; the others start once it is ready (or its first attempt failed).
-        self._first: asyncio.Future[None] | None = None  # resolved: a worker is ready, or no more
+        self._first = asyncio.Event()  # set: a worker is ready, or none will be
         self._rest_to_start = 0
         self._starting = 0  # start tasks running (each tries one worker, START_ATTEMPTS times)
         self._settled = asyncio.Event()  # no start under way or due (wait_started)
         self._failing_since: float | None = None  # the first failed start with no worker ready
-        self._start_failures = 0  # failed starts (attempts) over the pool's life
-        self._unreported = 0  # failed starts not yet in a warning line
-        self._warned_at: float | None = None
-        self._last_start_error = ""
+        self._failed_starts = _FailedStarts()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -348,14 +352,24 @@ class WorkerPool:
         await self.aclose()
 
     async def start(self) -> None:
-        tg = asyncio.TaskGroup()
-        await tg.__aenter__()
-        self._tg = tg
+        """Open the pool and wait for its first worker (docs/workers.md, Starting workers).
+
+        What is opened goes onto the pool's exit stack as it opens; a failure, or a stop (this
+        task cancelled) at any moment, closes all of it (:meth:`aclose`) before it is raised.
+        """
+        if self._state.phase is not Phase.NEW:
+            raise WorkerError(f"a worker pool starts once (this one is {self._state.phase.value})")
+        self._state = PoolState(Phase.STARTING)
         try:
-            await self._start()
+            await self._open()
+            await self._start_first()
         except BaseException:
             await self.aclose()
+            # A close from another task that began while this one still opened things: what
+            # was opened after it is undone here (there is nothing left otherwise).
+            await self._stack.aclose()
             raise
+        self._state = self._state.opened()
 
     async def wait_started(self) -> None:
         """Wait until no worker's start is under way: each has said hello or was given up on.
@@ -366,82 +380,113 @@ class WorkerPool:
     @property
     def endpoint(self) -> str:
         """What this pool's workers connect to (``ipc://…`` or ``tcp://HOST:PORT``)."""
-        return self._endpoint
+        return self._wire.endpoint if self._wire is not None else ""
 
     @property
     def server_public_key(self) -> bytes | None:
         """The pool's CURVE public key (Z85) when it listens on tcp with CURVE."""
-        return self._server_keys.public if self._server_keys is not None else None
+        keys = self._wire.server_keys if self._wire is not None else None
+        return keys.public if keys is not None else None
 
-    async def _start(self) -> None:
-        parent = self.config.runtime_dir or os.environ.get("XDG_RUNTIME_DIR") or None
-        if parent is not None and not os.path.isdir(parent):
-            parent = None
-        # ipc paths must stay under 107 bytes: a short private folder, never a deep test folder.
-        self._runtime = Path(tempfile.mkdtemp(prefix="andon-", dir=parent))
-        os.chmod(self._runtime, 0o700)
-        endpoint = f"ipc://{self._runtime}/pool.sock"
-        if len(endpoint) > 100:
-            self._runtime.rmdir()
-            self._runtime = Path(tempfile.mkdtemp(prefix="andon-", dir="/tmp"))
-            endpoint = f"ipc://{self._runtime}/pool.sock"
-        self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
+    async def _open(self) -> None:
+        """Open what the pool runs on, each pushed onto the exit stack right as it opens, so
+        that the close undoes exactly what was done, in reverse: the private folder, the
+        socket (and its ZAP handler), the launcher, then the task group and the workers."""
+        stack = self._stack
+        runtime, endpoint = _private_folder(self.config.runtime_dir)
+        stack.callback(shutil.rmtree, runtime, ignore_errors=True)
+        ctx = zmq.asyncio.Context()
+        stack.callback(ctx.term)  # last of the wire: each socket is closed by then
+        zap, keys = await self._serve_zap(ctx)
+        sock = ctx.socket(zmq.ROUTER)
+        stack.callback(sock.close, linger=0)  # before the ZAP handler: handshakes fail from then
         # A send to a worker that is gone fails (EHOSTUNREACH) instead of vanishing silently.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes * 2)
-        self._sock = sock
-        if self.launcher.transport == "tcp":
-            endpoint = await self._bind_tcp(sock)
-        else:
-            sock.bind(endpoint)
-        self._endpoint = endpoint
+        if keys is not None:
+            curve_server(sock, keys)
+        self._wire = _Wire(runtime, self._bind(sock, endpoint), sock, zap, keys)
         await self.launcher.open(
             PoolSetup(
-                runtime_dir=self._runtime,
+                runtime_dir=runtime,
                 registry=self._worker_registry,
                 hidden_env=self.hidden_env,
                 max_message_bytes=self.config.max_message_bytes,
                 identity=self.identity,
             )
         )
-        self._launcher_open = True
-        self._spawn_task(self._receive)
+        stack.push_async_callback(self._close_launcher)
+        stack.push_async_callback(self._reap_workers)
+        await stack.enter_async_context(self._task_group())
+        stack.push_async_callback(self._end_workers)  # the first thing the close does
+        self._spawn_task(self._receive, self._wire)
         if self.launcher.heartbeats:
             self._spawn_task(self._heartbeats)
-        # One worker first, alone: on a loaded machine its hello is not slowed by its siblings'
-        # starts. The rest start once it is ready or its first attempt failed (_started_one),
-        # in the background: the first step needs one worker, not all of them.
-        self._first = asyncio.get_running_loop().create_future()
+
+    async def _start_first(self) -> None:
+        """One worker first, alone: on a loaded machine its hello is not slowed by its siblings'
+        starts. The rest start once it is ready or its first attempt failed (_started_one), in
+        the background: the first step needs one worker, not all of them."""
         self._rest_to_start = self.config.size - 1
         self._start_worker()
-        await self._first
+        await self._first.wait()
         if not self._has_ready_worker():
-            raise NoWorkerStarted(self._stopping or "no tool worker could be started")
+            raise NoWorkerStarted(self._state.stopped or "no tool worker could be started")
 
-    async def _bind_tcp(self, sock: zmq.asyncio.Socket) -> str:
+    async def _serve_zap(
+        self, ctx: zmq.asyncio.Context
+    ) -> tuple[ZapAllowList | None, CurveKeys | None]:
+        """Over tcp with CURVE: the pool's server keys, and the ZAP handler that lets in only the
+        workers on its allow-list (None, None otherwise)."""
         tcp = self.config.tcp
-        assert tcp is not None and self._ctx is not None
-        if not tcp.insecure:
-            self._server_keys = tcp.server_keys or CurveKeys.generate()
-            # The ZAP handler must serve before the socket binds: a handshake reaching a socket
-            # with no handler is accepted unchecked.
-            self._zap = ZapAllowList(tcp.allowed, on_refused=self._on_refused)
-            await self._zap.start(self._ctx)
-            curve_server(sock, self._server_keys)
+        if self.launcher.transport != "tcp" or tcp is None or tcp.insecure:
+            return None, None
+        keys = tcp.server_keys or CurveKeys.generate()
+        # The ZAP handler must serve before the socket binds: a handshake reaching a socket with
+        # no handler is accepted unchecked.
+        zap = ZapAllowList(tcp.allowed, on_refused=self._on_refused)
+        await zap.start(ctx)
+        self._stack.push_async_callback(_quietly, zap.aclose)
+        return zap, keys
+
+    def _bind(self, sock: zmq.asyncio.Socket, ipc_endpoint: str) -> str:
+        """Bind the pool's socket: what its workers connect to."""
+        tcp = self.config.tcp
+        if self.launcher.transport != "tcp" or tcp is None:
+            sock.bind(ipc_endpoint)
+            return ipc_endpoint
         sock.bind(tcp.address)
         bound = sock.getsockopt(zmq.LAST_ENDPOINT)
         bound_text = bound.decode() if isinstance(bound, bytes) else str(bound)
-        port = urlsplit(bound_text).port
-        if tcp.advertise is not None:
-            advertised = urlsplit(tcp.advertise)
-            return f"tcp://{advertised.hostname}:{advertised.port or port}"
-        return bound_text
+        if tcp.advertise is None:
+            return bound_text
+        advertised = urlsplit(tcp.advertise)
+        return f"tcp://{advertised.hostname}:{advertised.port or urlsplit(bound_text).port}"
 
     def _on_refused(self, reason: str) -> None:
         _log.warning("a worker was refused at the handshake: %s", reason)
         self._tell(lambda: self._observer.on_refused(reason))
+
+    @contextlib.asynccontextmanager
+    async def _task_group(self) -> AsyncIterator[None]:
+        """The pool's task group, from start() to aclose(). Its tasks never end on their own
+        (the receiver, the heartbeats) or not soon (a start's back-off): the group is ended by
+        raising in it, which cancels every task still in it, and then waits for them."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                try:
+                    yield
+                finally:
+                    self._tg = None  # nothing more is started in it
+                    stops = _stops_asked()
+                raise _GroupEnded
+        except* _GroupEnded:
+            # A group already ending does not raise a cancel that lands while it waits for its
+            # tasks (it would end them anyway): the close goes on, and raises it at its end.
+            if _stops_asked() > stops:
+                raise asyncio.CancelledError from None
 
     async def aclose(self) -> None:
         """Stop every worker and leave no process behind (workers, and what the launcher runs).
@@ -451,33 +496,59 @@ class WorkerPool:
         pool kills the call's processes itself and answers the lease with a ``WorkerGone``
         saying the pool was closed. Calls waiting for a worker get ``WorkerError``. Safe to call
         twice, and from any task (several sessions may share the pool).
+
+        The close unwinds the exit stack start() filled: the workers end (_end_workers), the
+        task group ends, the workers left are waited for, the launcher closes, then the socket
+        and the private folder go (docs/workers.md, The pool's life). A stop (this task
+        cancelled) in one step cuts that step short, never the steps after it.
         """
-        if self._closed:
+        if self._state.closes:
             return
-        self._closed = True
-        self._stop_taking_work(POOL_CLOSED)
-        workers = list(self._workers.values())
-        leases = [w.lease for w in workers if w.lease is not None]
-        live = [w for w in workers if not w.ended and w.launched is not None]
+        self._state = self._state.closing()
+        self._wake_all()
+        try:
+            await self._stack.aclose()
+        finally:
+            self._state = self._state.closed()
+
+    async def _end_workers(self) -> None:
+        """The close's first step, while the receiver still reads: idle workers are killed at
+        once, busy ones asked to stop their call and waited for, and every call answered."""
+        leases = [w.lease for w in self._workers.values() if w.lease is not None]
+        live = [w for w in self._workers.values() if not w.ended and w.launched is not None]
+        busy = [w for w in live if w.lease is not None]
         # Idle workers hold nothing (a call is answered only once its process group is empty):
         # they are ended at once, all together, instead of being asked to exit and waited on
         # through their interpreters' teardown (docs/workers.md, Starting workers).
         idle = [w for w in live if w.lease is None]
-        for worker in idle:
+        self._kill_all(idle)
+        try:
+            await self._shut_down(busy)
+        finally:
+            # A close cut short (its task cancelled) kills the busy workers it did not stop.
+            self._kill_all([w for w in busy if not w.ended])
+            self._answer_closed(leases)
+
+    def _kill_all(self, workers: list[_Worker]) -> None:
+        """SIGKILL ``workers`` (all together) as the pool closes."""
+        for worker in workers:
             worker.killed_on_purpose = True
             worker.kill_reason = worker.kill_reason or POOL_CLOSED
         with contextlib.suppress(Exception):
-            self.launcher.kill_idle([w.launched for w in idle if w.launched is not None])
-        for worker in live:
-            if worker.lease is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._send(worker, Shutdown(grace=0.0)), 1.0)
-        # Killed idle workers are waited for last: by then their exits have overlapped the rest.
-        for worker in [w for w in live if w not in idle]:
+            self.launcher.kill_idle([w.launched for w in workers if w.launched is not None])
+
+    async def _shut_down(self, busy: list[_Worker]) -> None:
+        """Ask each busy worker to stop its call and exit, then wait for each."""
+        for worker in busy:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._send(worker, Shutdown(grace=0.0)), 1.0)
+        for worker in busy:
             await self._stop_logged(worker)
-        # Each worker's exit is handled here rather than by _on_exit (which does nothing once
-        # the pool is closing): a call whose result did not come through (the worker had to be
-        # killed, or exited first) still gets exactly one answer, once nothing of it is left.
+
+    def _answer_closed(self, leases: list[WorkerLease]) -> None:
+        """Each worker's exit is handled here rather than by _on_exit (which does nothing once
+        the pool closes): a call whose result did not come through (the worker had to be
+        killed, or exited first) still gets exactly one answer, once nothing of it is left."""
         for lease in leases:
             if lease._worker.lease is lease and not lease.gone:
                 try:
@@ -485,35 +556,25 @@ class WorkerPool:
                 except Exception:
                     _log.exception("could not kill the processes of a call of a closed pool")
                 lease._answer_gone(POOL_CLOSED, on_purpose=True)
-        tasks, self._tasks = set(self._tasks), set()
-        for task in tasks:
-            task.cancel()
-        if self._tg is not None:
-            tg, self._tg = self._tg, None
-            await tg.__aexit__(None, None, None)
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._zap is not None:
-            with contextlib.suppress(Exception):
-                await self._zap.aclose()
-            self._zap = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
-        for worker in idle:
-            await self._stop_logged(worker)
-        for worker in list(self._workers.values()):
-            self._free(worker)
-        if self._launcher_open:
-            self._launcher_open = False
-            try:
-                await self.launcher.aclose()
-            except Exception:
-                _log.exception("the worker launcher did not close cleanly")
-        if self._runtime is not None:
-            shutil.rmtree(self._runtime, ignore_errors=True)
-            self._runtime = None
+
+    async def _reap_workers(self) -> None:
+        """Once the task group is over (nothing starts any more), every worker left is waited
+        for: the idle ones killed first, by now their exits have overlapped the rest; one whose
+        start returned during the close, killed as it came. Then what the launcher holds for
+        each is given back."""
+        try:
+            for worker in list(self._workers.values()):
+                if not worker.ended and worker.launched is not None:
+                    await self._stop_logged(worker)
+        finally:
+            for worker in list(self._workers.values()):
+                self._free(worker)
+
+    async def _close_launcher(self) -> None:
+        try:
+            await self.launcher.aclose()
+        except Exception:
+            _log.exception("the worker launcher did not close cleanly")
 
     async def _stop_logged(self, worker: _Worker) -> None:
         try:
@@ -542,12 +603,19 @@ class WorkerPool:
 
     def _stop_taking_work(self, reason: str) -> None:
         """No more leases: every call waiting for a worker wakes and gets ``WorkerError``."""
-        if self._stopping is None:
-            self._stopping = reason
+        self._state = self._state.stop(reason)
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        """The pool takes no more work: whoever waits for a worker, or for starts, stops."""
         self._wake()
-        if self._first is not None and not self._first.done():
-            self._first.set_result(None)  # start() stops waiting for a worker
+        self._first.set()  # start() stops waiting for a worker
         self._settled.set()  # no start is due any more
+
+    @property
+    def _stopping(self) -> str | None:
+        """Why the pool takes no more work (it closes, or failed), or None while it does."""
+        return self._state.stopped
 
     def _wake(self) -> None:
         for waiter in list(self._waiters):
@@ -603,7 +671,7 @@ class WorkerPool:
     def statistics(self) -> PoolStatistics:
         """The pool's counters now (a copy: it does not change afterwards)."""
         return PoolStatistics(
-            self.workers, self._spoofed, tuple(self._error_replies), self._start_failures
+            self.workers, self._spoofed, tuple(self._error_replies), self._failed_starts.count
         )
 
     def _tell(self, call: Callable[[], None]) -> None:
@@ -629,13 +697,14 @@ class WorkerPool:
         # answers the start request.
         self._workers[worker_id] = worker
         keys: CurveKeys | None = None
-        if self._zap is not None:
+        zap = self._wire.zap if self._wire is not None else None
+        if zap is not None:
             keys = CurveKeys.generate()
-            self._zap.allow(keys.public)
+            zap.allow(keys.public)
             self._keys_of[worker_id] = keys.public
         spec = WorkerSpec(
             worker_id=worker_id,
-            endpoint=self._endpoint,
+            endpoint=self.endpoint,
             heartbeat_interval=self.config.heartbeat_interval if self.launcher.heartbeats else 0.0,
             server_key=self.server_public_key,
             worker_keys=keys,
@@ -644,13 +713,13 @@ class WorkerPool:
             launched = await self.launcher.start(spec)
         except BaseException:
             self._workers.pop(worker_id, None)
-            if keys is not None and self._zap is not None:
-                self._zap.disallow(keys.public)
+            if keys is not None and zap is not None:
+                zap.disallow(keys.public)
                 self._keys_of.pop(worker_id, None)
             raise
         worker.launched = launched
         worker.heard = time.monotonic()
-        if self._closed:  # closed while the engine started it: it is not wanted
+        if self._state.closes:  # closed while the engine started it: it is not wanted
             worker.killed_on_purpose = True
             self.launcher.kill(launched)
         launched.exit.add_done_callback(lambda _f: self._on_exit(worker))
@@ -721,8 +790,8 @@ class WorkerPool:
         rest, self._rest_to_start = self._rest_to_start, 0
         for _ in range(rest):
             self._start_worker()
-        if self._first is not None and not self._first.done() and self._has_ready_worker():
-            self._first.set_result(None)
+        if self._has_ready_worker():
+            self._first.set()
 
     def _has_ready_worker(self) -> bool:
         return any(w.welcomed and not w.dead for w in self._workers.values())
@@ -731,20 +800,10 @@ class WorkerPool:
         """One failed start: a warning line (at most one per START_WARNING_INTERVAL, the rest
         counted into it), and, with no worker ready for longer than the start deadline, the pool
         gives up (_check_starts)."""
-        self._start_failures += 1
-        self._unreported += 1
-        self._last_start_error = _error_text(error)
         now = self._clock.monotonic()
-        if self._first is not None and not self._first.done():
-            # The pool's own start: its success is the news, or its error tells the whole story
-            # (NoWorkerStarted says how many starts failed and the last reason).
-            _log.info("a tool worker did not start: %s", self._last_start_error)
-            self._unreported = 0
-        elif self._warned_at is None or now - self._warned_at >= START_WARNING_INTERVAL:
-            more = f" (and {self._unreported - 1} more)" if self._unreported > 1 else ""
-            _log.warning("a tool worker did not start%s: %s", more, self._last_start_error)
-            self._warned_at = now
-            self._unreported = 0
+        # During the pool's own start, its success is the news, or its error tells the whole
+        # story (NoWorkerStarted says how many starts failed and the last reason).
+        self._failed_starts.note(_error_text(error), now, quiet=not self._first.is_set())
         if not self._has_ready_worker():
             if self._failing_since is None:
                 self._failing_since = now
@@ -770,10 +829,10 @@ class WorkerPool:
 
     def _give_up(self) -> None:
         if self._stopping is None:
-            n = self._start_failures
+            n = self._failed_starts.count
             reason = (
                 f"no tool worker could be started ({n} failed start{'s' if n != 1 else ''}; "
-                f"the last: {self._last_start_error})"
+                f"the last: {self._failed_starts.last})"
             )
             self._stop_taking_work(reason)  # the calls' results and start()'s error say it
 
@@ -782,9 +841,9 @@ class WorkerPool:
         (a tool's ``rm -rf "$XDG_RUNTIME_DIR"``): a new worker opens its log there and connects
         to the socket. The same path, made afresh with mode 0700; a folder that is there but not
         this user's own private one is refused, never used."""
-        runtime = self._runtime
-        if runtime is None:
+        if self._wire is None:
             return
+        runtime, endpoint = self._wire.runtime, self._wire.endpoint
         try:
             os.makedirs(runtime.parent, mode=0o700, exist_ok=True)
             os.mkdir(runtime, 0o700)
@@ -796,12 +855,12 @@ class WorkerPool:
                 ) from None
         else:
             _log.warning("the worker pool's folder %s was deleted; made it again", runtime)
-        if self._endpoint.startswith("ipc://") and self._sock is not None:
-            path = self._endpoint.removeprefix("ipc://")
+        if endpoint.startswith("ipc://"):
+            path = endpoint.removeprefix("ipc://")
             if not os.path.exists(path):
                 # A second bind of the same path: the connected workers keep their connections
                 # (an unbind would end them), new ones connect to the new socket file.
-                self._sock.bind(self._endpoint)
+                self._wire.sock.bind(endpoint)
 
     def _on_exit(self, worker: _Worker) -> None:
         """The worker ended, whatever the reason (or it was written off as lost)."""
@@ -818,7 +877,7 @@ class WorkerPool:
                 )
             )
             worker.ready.exception()  # mark retrieved; the start path reports it
-        if self._closed:
+        if self._state.closes:
             return  # the close waits for it and answers its call
         worker.ended = True
         lease = worker.lease
@@ -847,8 +906,9 @@ class WorkerPool:
             return
         self._workers.pop(worker.worker_id, None)
         key = self._keys_of.pop(worker.worker_id, None)
-        if key is not None and self._zap is not None:
-            self._zap.disallow(key)  # its key dies with it: a stolen one opens nothing
+        zap = self._wire.zap if self._wire is not None else None
+        if key is not None and zap is not None:
+            zap.disallow(key)  # its key dies with it: a stolen one opens nothing
         if worker.launched is not None:
             with contextlib.suppress(Exception):
                 self.launcher.release(worker.launched)
@@ -909,21 +969,21 @@ class WorkerPool:
         one cancelled before it starts (at the close) leaves no coroutine never awaited."""
         if self._tg is None:  # closed: there is nothing left to do it for
             return
-        task = self._tg.create_task(_never_raises(fn, *args))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tg.create_task(_never_raises(fn, *args))
 
     # -- wire ------------------------------------------------------------------------------
 
     async def _send(self, worker: _Worker, msg: Message | list[bytes]) -> None:
         """Send ``msg`` (or its frames, already encoded) to ``worker``. A message that cannot be
         encoded raises with nothing sent; a transport failure writes the worker off instead."""
-        sock = self._sock
-        if sock is None or worker.dead:
+        if self._wire is None or worker.dead:
             return
         try:
             await send_routed(
-                sock, worker.worker_id.encode(), msg, max_bytes=self.config.max_message_bytes
+                self._wire.sock,
+                worker.worker_id.encode(),
+                msg,
+                max_bytes=self.config.max_message_bytes,
             )
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -937,11 +997,10 @@ class WorkerPool:
             reason = "its socket is gone" if e.errno == zmq.EHOSTUNREACH else f"sending failed: {e}"
             self._kill(worker, reason)
 
-    async def _receive(self) -> None:
-        assert self._sock is not None
-        sock = self._sock
+    async def _receive(self, wire: _Wire) -> None:
+        sock = wire.sock
         # Over CURVE, who sent a frame is checked against the key its handshake proved.
-        curve = self._zap is not None
+        curve = wire.zap is not None
         limit = self.config.max_message_bytes
         try:
             while True:
@@ -1006,38 +1065,7 @@ class WorkerPool:
     def _dispatch(self, worker: _Worker, msg: Message) -> None:
         match msg:
             case Hello():
-                if msg.protocol != PROTOCOL_VERSION:
-                    self._spawn_task(
-                        self._send, worker, Refused(reason="protocol version mismatch")
-                    )
-                    self._kill(worker, "protocol version mismatch")
-                    return
-                missing = [n for n in self._worker_registry.names if n not in msg.tools]
-                if missing:
-                    # A worker started from another image or install: it would fail the calls
-                    # of the tools it lacks, one by one. Refused, and the start says why.
-                    reason = (
-                        f"worker {worker.worker_id} does not offer the tools "
-                        f"{', '.join(missing)} (it offers {', '.join(msg.tools) or 'none'}); "
-                        f"start it with the same tools (andon worker --tools MODULE:NAME)"
-                    )
-                    self._spawn_task(self._send, worker, Refused(reason=reason))
-                    if not worker.ready.done():
-                        worker.ready.set_exception(WorkerError(reason, worker=worker.worker_id))
-                        worker.ready.exception()
-                    self._kill(worker, reason)
-                    return
-                if not worker.ready.done():
-                    worker.hello_pid = msg.pid
-                    worker.ready.set_result(msg)
-                    welcome = Welcome(
-                        # 0 for local workers: their liveness comes from pidfds
-                        heartbeat_interval=(
-                            self.config.heartbeat_interval if self.launcher.heartbeats else 0.0
-                        ),
-                        max_message_bytes=self.config.max_message_bytes,
-                    )
-                    self._spawn_task(self._send, worker, welcome)
+                self._on_hello(worker, msg)
             case _ if msg.type == "heartbeat":
                 pass
             case ErrorReply() if msg.call_id is None or worker.lease is None:
@@ -1057,6 +1085,68 @@ class WorkerPool:
                     # result is known to be here: its exit must never overtake its last frame.
                     ack = Ack(call_id=msg.call_id, offset=msg.output_bytes)
                     self._spawn_task(self._send, worker, ack)
+
+    def _on_hello(self, worker: _Worker, msg: Hello) -> None:
+        """A worker's hello: welcomed, or refused (another protocol, tools missing) and killed."""
+        if msg.protocol != PROTOCOL_VERSION:
+            self._spawn_task(self._send, worker, Refused(reason="protocol version mismatch"))
+            self._kill(worker, "protocol version mismatch")
+            return
+        missing = [n for n in self._worker_registry.names if n not in msg.tools]
+        if missing:
+            # A worker started from another image or install: it would fail the calls
+            # of the tools it lacks, one by one. Refused, and the start says why.
+            reason = (
+                f"worker {worker.worker_id} does not offer the tools "
+                f"{', '.join(missing)} (it offers {', '.join(msg.tools) or 'none'}); "
+                f"start it with the same tools (andon worker --tools MODULE:NAME)"
+            )
+            self._spawn_task(self._send, worker, Refused(reason=reason))
+            if not worker.ready.done():
+                worker.ready.set_exception(WorkerError(reason, worker=worker.worker_id))
+                worker.ready.exception()
+            self._kill(worker, reason)
+            return
+        if not worker.ready.done():
+            worker.hello_pid = msg.pid
+            worker.ready.set_result(msg)
+            welcome = Welcome(
+                # 0 for local workers: their liveness comes from pidfds
+                heartbeat_interval=(
+                    self.config.heartbeat_interval if self.launcher.heartbeats else 0.0
+                ),
+                max_message_bytes=self.config.max_message_bytes,
+            )
+            self._spawn_task(self._send, worker, welcome)
+
+
+def _private_folder(parent: str | None) -> tuple[Path, str]:
+    """A new private (0700) folder for the pool, and the ipc endpoint of its socket in it: under
+    ``parent``, else ``XDG_RUNTIME_DIR``, else the temporary folder."""
+    parent = parent or os.environ.get("XDG_RUNTIME_DIR") or None
+    if parent is not None and not os.path.isdir(parent):
+        parent = None
+    # ipc paths must stay under 107 bytes: a short private folder, never a deep test folder.
+    runtime = Path(tempfile.mkdtemp(prefix="andon-", dir=parent))
+    os.chmod(runtime, 0o700)
+    endpoint = f"ipc://{runtime}/pool.sock"
+    if len(endpoint) > 100:
+        runtime.rmdir()
+        runtime = Path(tempfile.mkdtemp(prefix="andon-", dir="/tmp"))
+        endpoint = f"ipc://{runtime}/pool.sock"
+    return runtime, endpoint
+
+
+def _stops_asked() -> int:
+    """How many cancels of the running task are pending (``Task.cancelling``)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+async def _quietly(close: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``await close()``; what it raises is not the close's failure (a ZAP handler's end)."""
+    with contextlib.suppress(Exception):
+        await close()
 
 
 def _tcp_host(address: str, what: str) -> str:
@@ -1082,6 +1172,32 @@ def _pool_identity() -> str:
     info, pidns = procs.stat(os.getpid()), procs.pid_namespace()
     start = info.start if info is not None else 0
     return f"{os.getpid()}-s{start}-ns{pidns or 0}-{secrets.token_hex(4)}"
+
+
+class _FailedStarts:
+    """The pool's failed starts (attempts) over its life, and their warning lines: at most one
+    per START_WARNING_INTERVAL, the ones in between counted into the next."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""  # the last one's error
+        self._unreported = 0  # not yet in a warning line
+        self._warned_at: float | None = None
+
+    def note(self, error: str, now: float, *, quiet: bool) -> None:
+        """One more, failed with ``error`` at ``now``; ``quiet``: an info line, not a warning."""
+        self.count += 1
+        self._unreported += 1
+        self.last = error
+        if quiet:
+            _log.info("a tool worker did not start: %s", error)
+        elif self._warned_at is None or now - self._warned_at >= START_WARNING_INTERVAL:
+            more = f" (and {self._unreported - 1} more)" if self._unreported > 1 else ""
+            _log.warning("a tool worker did not start%s: %s", more, error)
+            self._warned_at = now
+        else:
+            return
+        self._unreported = 0
 
 
 class _StartFailed(WorkerError):

@@ -9,7 +9,7 @@ from andon.workers._containment import (
     cgroup2_root,
     detect_mode,
 )
-from andon.workers._main import WorkerFault, WorkerOptions, worker_main
+from andon.workers._main import Worker, WorkerOptions, worker_main
 from andon.workers._program import (
     KEYS_END,
     WorkerProgram,
@@ -36,7 +36,7 @@ __all__ = [
     "Tool",
     "ToolKind",
     "ToolRegistry",
-    "WorkerFault",
+    "Worker",
     "WorkerOptions",
     "WorkerProgram",
     "cgroup2_root",

@@ -26,7 +26,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeAlias
 
 import zmq
 import zmq.asyncio
@@ -55,10 +54,8 @@ from andon.protocol import (
     Hello,
     Message,
     Refused,
-    Result,
     Run,
     Shutdown,
-    Started,
     Welcome,
     curve_client,
     recv_message,
@@ -75,18 +72,7 @@ from andon.workers._containment import (
 from andon.workers._reaper import Reaper
 from andon.workers._registry import ToolRegistry
 
-__all__ = ["WorkerFault", "WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
-
-WorkerFault: TypeAlias = Literal[
-    "garbage-after-started", "error-before-result", "no-hello", "exit-before-hello"
-]
-"""A protocol fault a test asks every worker of a pool to commit, as a buggy or hostile worker
-would: ``garbage-after-started``, frames that are no message right after ``started``;
-``error-before-result``, an ``error`` about the call sent right before its ``result`` (the
-supervisor must take the call as lost, not believe the result that follows); ``no-hello``, a
-worker that connects and never says hello, as one on a machine too busy to start it in time
-would (the pool's start lasts until its deadline, or until it is stopped); ``exit-before-hello``,
-exit 1 before the hello (a start that fails at once)."""
+__all__ = ["Worker", "WorkerOptions", "leave_session_and_reset_signals", "worker_main"]
 
 
 @dataclass(frozen=True)
@@ -119,13 +105,12 @@ class WorkerOptions:
     # let go of this worker, or died. Then it is as if the supervisor were gone.
     lifeline_fd: int | None = None
     detach: bool = True  # leave the session and point fds 0/1/2 at the log (local workers)
-    # Tests only: break the protocol on purpose, as a buggy or hostile worker would. Tools cannot
-    # do it themselves: they run in call processes, away from the worker's socket.
-    fault: WorkerFault | None = None
 
 
-def worker_main(options: WorkerOptions) -> None:
-    """Entry point of a worker process (the target the pool starts)."""
+def worker_main(options: WorkerOptions, worker_class: type[Worker] | None = None) -> None:
+    """Entry point of a worker process (the target the pool starts). ``worker_class`` serves
+    in place of :class:`Worker`: a test's worker that breaks the protocol on purpose, as a buggy
+    or hostile one would (tools cannot: they run in call processes, away from the socket)."""
     if options.supervisor_start is not None:
         # A local worker, the forkserver's child: until it watches the supervisor (its own
         # set-up takes seconds on a busy machine), it dies with the forkserver, which dies with
@@ -145,7 +130,7 @@ def worker_main(options: WorkerOptions) -> None:
     if mode != "pgroup" and not set_child_subreaper():
         mode = "pgroup"
     try:
-        asyncio.run(Worker(options, mode).serve())
+        asyncio.run((worker_class or Worker)(options, mode).serve())
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -211,6 +196,12 @@ class _Stop(Exception):
 
 
 class Worker:
+    """One worker process's service: says hello, runs one call at a time, answers the pool.
+
+    A test subclasses it to break the protocol on purpose (:meth:`say_hello`, :meth:`send`) and
+    runs it through ``worker_main(options, worker_class)``: the fault lives in the test, never in
+    an option the worker reads."""
+
     def __init__(self, options: WorkerOptions, mode: Containment) -> None:
         self.options = options
         self.mode = mode
@@ -250,21 +241,8 @@ class Worker:
         if self.options.drain_on_term:
             for sig in (_signal.SIGTERM, _signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_stop_signal)
-        if self.options.fault == "exit-before-hello":
-            os._exit(1)
         try:
-            if self.options.fault == "no-hello":
-                # Until the pool kills it, or the supervisor is gone (the watch above).
-                await asyncio.Event().wait()
-            await self.send(
-                Hello(
-                    protocol=PROTOCOL_VERSION,
-                    worker_id=self.options.worker_id,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    tools=self.options.registry.names,
-                )
-            )
+            await self.say_hello()
             try:
                 async with asyncio.TaskGroup() as tg:
                     tg.create_task(self._receive(tg))
@@ -343,15 +321,22 @@ class Worker:
         kill_everything(self.current, self.reaper, self.mode)
         os._exit(0)
 
+    async def say_hello(self) -> None:
+        """The first frame: who this worker is and which tools it offers."""
+        await self.send(
+            Hello(
+                protocol=PROTOCOL_VERSION,
+                worker_id=self.options.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                tools=self.options.registry.names,
+            )
+        )
+
     async def send(self, msg: Message) -> None:
+        """Every frame this worker sends goes through here (a call's reports too)."""
         assert self._sock is not None
-        if self.options.fault == "error-before-result" and isinstance(msg, Result):
-            reason = "a test fault: an error before the result"
-            await send_message(self._sock, ErrorReply(reason=reason, call_id=msg.call_id))
         await send_message(self._sock, msg)
-        if self.options.fault == "garbage-after-started" and isinstance(msg, Started):
-            # A test fault: frames that are no message at all, so framed by hand on purpose.
-            await self._sock.send_multipart([b"\xc1 not msgpack", b"\x00"])
 
     async def _heartbeat(self) -> None:
         try:
