@@ -218,6 +218,7 @@ class Worker:
         self._result_acked = asyncio.Event()  # the pool acknowledged it (program workers)
         self._sock: zmq.asyncio.Socket | None = None
         self._call_task: asyncio.Task[None] | None = None
+        self._tasks: asyncio.TaskGroup | None = None  # serve()'s, once it runs
 
     async def serve(self) -> None:
         global _ACTIVE
@@ -245,12 +246,16 @@ class Worker:
             await self.say_hello()
             try:
                 async with asyncio.TaskGroup() as tg:
+                    self._tasks = tg
                     tg.create_task(self._receive(tg))
                     tg.create_task(self._heartbeat())
                     tg.create_task(self._stop_when_drained())
+                    if self._draining:
+                        tg.create_task(self._drain())  # the signal came during the hello
             except* _Stop:
                 pass
         finally:
+            self._tasks = None  # a signal from here on finds nothing left to drain
             if watch_fd is not None:
                 loop.remove_reader(watch_fd)
                 os.close(watch_fd)
@@ -358,7 +363,10 @@ class Worker:
         if self._draining:
             return
         self._draining = True
-        asyncio.get_running_loop().create_task(self._drain())
+        # In serve()'s task group, like every task of the worker: nothing outlives serve(), and
+        # a drain that fails fails the worker instead of vanishing with an unread exception.
+        if self._tasks is not None:
+            self._tasks.create_task(self._drain())
 
     async def _drain(self) -> None:
         """SIGTERM as a program: stop the call on its own grace ladder (interrupt, then TERM and
