@@ -245,3 +245,53 @@ def test_the_docs_name_the_user_tier() -> None:
 def test_an_internal_face_says_so(face: str) -> None:
     doc = importlib.import_module(face).__doc__ or ""
     assert "internal" in doc.lower(), f"{face}'s docstring does not say it is internal"
+
+
+OPEN_CLASSES: dict[str, str] = {
+    # name -> why a user (or andon) may subclass it
+    "AndonError": "the root of the exception tree",
+    "ProtocolError": "a branch of the exception tree",
+    "SessionError": "a branch of the exception tree",
+    "WorkerError": "a branch of the exception tree",
+    "ConfigError": "a branch of the exception tree",
+    "AbortSignal": "a linked signal is one",
+    "Model": "the protocol a model adapter implements",
+    "WorkerLauncher": "the seam a launcher of one's own implements",
+    "LaunchedWorker": "what a launcher of one's own hands back",
+    "ForkserverLauncher": "a launcher may be specialised (how a worker starts, what it runs)",
+    "CommandLauncher": "a launcher may be specialised (how a worker starts, what it runs)",
+    "ContainerLauncher": "a launcher may be specialised (how a worker starts, what it runs)",
+    "PodLauncher": "a launcher may be specialised (how a worker starts, what it runs)",
+    "PoolObserver": "a user's observer overrides what it watches",
+    "ExecutionObserver": "a user's observer overrides what it watches",
+}
+"""The user tier's classes meant to be subclassed; every other one is ``@final``."""
+
+
+def _user_classes() -> dict[str, type]:
+    import enum
+    import inspect
+
+    found: dict[str, type] = {}
+    for face in sorted(USER_FACES | set(USER_NAMES)):
+        module = importlib.import_module(face)
+        names = module.__all__ if face in USER_FACES else sorted(USER_NAMES[face])
+        for n in names:
+            value = getattr(module, n)
+            if inspect.isclass(value) and not issubclass(value, enum.Enum):
+                found[n] = value
+    return found
+
+
+def test_the_user_tiers_leaf_classes_are_final() -> None:
+    classes = _user_classes()
+    open_but_final = [n for n in OPEN_CLASSES if getattr(classes.get(n), "__final__", False)]
+    assert not open_but_final, open_but_final
+    unknown = sorted(set(OPEN_CLASSES) - set(classes))
+    assert not unknown, f"OPEN_CLASSES names what the user tier lacks: {unknown}"
+    not_final = sorted(
+        n
+        for n, c in classes.items()
+        if n not in OPEN_CLASSES and not getattr(c, "__final__", False)
+    )
+    assert not not_final, f"user-tier classes neither @final nor open on purpose: {not_final}"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 from andon.base._vocabulary import CancelStage
 
 __all__ = ["GracePolicy"]
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class GracePolicy:
     """How a started tool call is stopped.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, final
 
 from andon.base._causes import Cause, Timeout
 from andon.base._grace import GracePolicy
@@ -60,6 +60,7 @@ Why: TypeAlias = Literal["abort", "timeout", "internal"]
 or a failure inside the executor (which still stops the call it can no longer follow)."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class StageMark:
     """One stage of the grace ladder that was sent, as the status line reports it."""

@@ -24,7 +24,7 @@ import logging
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 from andon.base import ConfigError, WorkerError
 from andon.fleet._launch import (
@@ -46,6 +46,7 @@ _KEY_FILE = "andon-worker.key_secret"  # at the root of the container, until the
 WORKER_LABEL = "andon.worker"
 
 
+@final
 @dataclass(frozen=True)
 class Mount:
     """A bind mount: ``source`` on the engine's host at ``target`` in the container."""

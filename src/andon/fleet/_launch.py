@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, final
 
 from andon import procs
 from andon.base import Containment
@@ -42,6 +42,7 @@ __all__ = [
 Transport = Literal["ipc", "tcp"]
 
 
+@final
 @dataclass(frozen=True)
 class PoolSetup:
     """What a pool tells its launcher once, before the first worker starts."""
@@ -58,6 +59,7 @@ class PoolSetup:
     name and label what they create with it, so nothing of another pool is ever taken for theirs."""
 
 
+@final
 @dataclass(frozen=True)
 class WorkerSpec:
     """One worker to start."""

@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, final
 from urllib.parse import urlsplit
 
 import zmq
@@ -126,6 +126,7 @@ class _GroupEnded(Exception):
     """Raised in the pool's task group to end it: every task still in it is cancelled."""
 
 
+@final
 @dataclass(frozen=True)
 class TcpListen:
     """Where a pool listens for workers on other hosts (``tcp://`` + CURVE).
@@ -154,6 +155,7 @@ class TcpListen:
             )
 
 
+@final
 @dataclass(frozen=True)
 class WorkerPoolConfig:
     size: int = 4
@@ -279,6 +281,7 @@ class WorkerLease:
             self.messages.put_nowait(WorkerGone(reason, on_purpose, note))
 
 
+@final
 class WorkerPool:
     """``async with WorkerPool(config, registry) as pool: lease = await pool.acquire(signal)``.
 

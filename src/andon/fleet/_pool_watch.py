@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import final
 
 __all__ = ["PoolObserver", "PoolStatistics"]
 
@@ -28,6 +29,7 @@ class PoolObserver:
         came under another worker's key (tcp)."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class PoolStatistics:
     """The pool's counters at one moment."""

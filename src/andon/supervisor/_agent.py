@@ -32,7 +32,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 from andon.base import (
     AbortController,
@@ -130,6 +130,7 @@ def check_context_window(value: object) -> int | None:
     return value
 
 
+@final
 class Agent:
     """An agent loop over one session. Create it with :func:`andon.open_agent`.
 

@@ -52,7 +52,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 from andon.base import (
     CANCEL_STAGES,
@@ -116,6 +116,7 @@ __all__ = [
 ]
 
 
+@final
 @dataclass(frozen=True)
 class ToolCallRequest:
     call_id: str
@@ -276,6 +277,7 @@ def _check_wire(value: object, path: str, depth: int) -> None:
     raise ArgumentError(f"field {path!r} is not a JSON value: {type(value).__name__}", field=path)
 
 
+@final
 class ToolExecutor:
     def __init__(
         self,

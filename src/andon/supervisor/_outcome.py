@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, final
 
 from andon.base import Cause, EndedBy, ErrorCode, StageMark, clean_text, show_name
 from andon.protocol import ErrorInfo, Started
@@ -20,6 +20,7 @@ _SIGNAL_NAMES = {2: "SIGINT", 9: "SIGKILL", 15: "SIGTERM", 1: "SIGHUP", 6: "SIGA
 _STAGE_SIGNAL = {"interrupt": "SIGINT", "term": "SIGTERM", "kill": "SIGKILL"}
 
 
+@final
 @dataclass(frozen=True)
 class ToolOutcome:
     """One tool call's result: everything ``tool/result`` records, turn and step aside."""
