@@ -74,6 +74,6 @@ def test_tool_timeout_raises_bashs_cap_to_itself(tmp_path: Path) -> None:
 
 def test_a_model_timeout_within_the_raised_cap_is_not_clamped(tmp_path: Path) -> None:
     # 700 s is over bash's own cap but under --tool-timeout 900: it is what the call runs with
-    # (tests/agent/test_tool_timeouts.py sees it time out at 700 s), so nothing is said.
+    # (tests/supervisor/test_tool_timeouts.py sees it time out at 700 s), so nothing is said.
     data = _bash_run(tmp_path, "--tool-timeout", "900", command="echo built", timeout=700)
     assert data["content"] == "built\n[exit code 0]"

@@ -29,7 +29,7 @@ from andon.fleet import (
 from andon.fleet._pool_state import Phase
 from andon.llm import Scripted
 from andon.supervisor import ToolCallRequest, ToolExecutor, ToolOutcome
-from tests.agent.support import Watcher, records
+from tests.supervisor.support import Watcher, records
 from tests.support import session_leftovers
 from tests.workers.pytools import more_tools
 from tests.workers.support import MODES, bash, call_processes, start

@@ -19,7 +19,7 @@ from andon.base import ManualClock
 from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.supervisor import ToolExecutor
 from andon.workers import BASH, Tool, default
-from tests.agent.support import Watcher, agent_for, assert_sound, records
+from tests.supervisor.support import Watcher, agent_for, assert_sound, records
 
 
 def _long_bash(**arguments: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Runs an agent whose model asks for a long tool call; prints ``ready`` once the tool runs.
 
-Usage: python -m tests.agent.driver SESSION_DIR
+Usage: python -m tests.supervisor.driver SESSION_DIR
 """
 
 from __future__ import annotations

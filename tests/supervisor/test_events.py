@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.agent.support import agent_for, records
+from tests.supervisor.support import agent_for, records
 
 
 async def test_events_from_since_seq_replays_then_follows_live(tmp_path: Path) -> None:

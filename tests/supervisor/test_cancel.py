@@ -9,7 +9,7 @@ from typing import Any
 from andon.base import GracePolicy, User
 from andon.llm import Scripted
 from andon.testing import benchmark_tree
-from tests.agent.support import Watcher, agent_for, assert_sound, kinds, records, turn_ends
+from tests.supervisor.support import Watcher, agent_for, assert_sound, kinds, records, turn_ends
 from tests.support import session_leftovers
 
 ABORTED_USER = {"kind": "aborted", "reason": {"kind": "user"}}

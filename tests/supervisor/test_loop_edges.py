@@ -28,7 +28,7 @@ from andon.supervisor import (
     TurnStopping,
 )
 from andon.supervisor._outcome import ToolOutcome
-from tests.agent.support import Watcher, agent_for, agent_on, assert_sound, records, turn_ends
+from tests.supervisor.support import Watcher, agent_for, agent_on, assert_sound, records, turn_ends
 
 
 def entered(folder: Path) -> list[str]:

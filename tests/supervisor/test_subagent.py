@@ -12,7 +12,7 @@ from andon.base import User
 from andon.llm import Scripted
 from andon.session import check, load, read
 from andon.supervisor import subagent_tool
-from tests.agent.support import (
+from tests.supervisor.support import (
     CHILD_SLOW,
     DELEGATE,
     Watcher,
@@ -73,7 +73,7 @@ async def test_cancelling_the_parent_stops_the_child_and_its_tool(tmp_path: Path
 def test_a_crash_mid_subagent_repairs_both_logs(tmp_path: Path) -> None:
     folder = tmp_path / "parent"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.agent.subagent_driver", str(folder)],
+        [sys.executable, "-m", "tests.supervisor.subagent_driver", str(folder)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

@@ -29,7 +29,7 @@ from andon.llm import (
     Usage,
 )
 from andon.supervisor._reply import CHUNK_FLUSH_AFTER, CHUNK_FLUSH_BYTES, ChunkLog
-from tests.agent.support import Watcher, agent_for, assert_sound, records
+from tests.supervisor.support import Watcher, agent_for, assert_sound, records
 
 # --- through the agent --------------------------------------------------------------------------
 

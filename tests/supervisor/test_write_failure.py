@@ -12,7 +12,7 @@ import pytest
 from andon.base import LogWriteFailed, User
 from andon.llm import Scripted
 from andon.session import SessionLog, load
-from tests.agent.support import Watcher, agent_on, records
+from tests.supervisor.support import Watcher, agent_on, records
 
 
 class DiskFills:

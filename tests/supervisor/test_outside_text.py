@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.agent.support import agent_for, assert_sound, records
+from tests.supervisor.support import agent_for, assert_sound, records
 
 
 async def test_a_message_with_surrogate_escapes_is_logged_with_u_fffd(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """A parent agent that delegates to a subagent whose tool runs forever; prints ``ready`` once the
-child's tool has started. Usage: python -m tests.agent.subagent_driver SESSION_DIR"""
+child's tool has started. Usage: python -m tests.supervisor.subagent_driver SESSION_DIR"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import andon
 from andon.fleet import WorkerPoolConfig
 from andon.llm import Scripted
 from andon.supervisor import subagent_tool
-from tests.agent.support import CHILD_SLOW, DELEGATE
+from tests.supervisor.support import CHILD_SLOW, DELEGATE
 from tests.workers.pytools import registry
 
 

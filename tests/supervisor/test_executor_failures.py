@@ -28,7 +28,7 @@ from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Scripted
 from andon.protocol import Started
 from andon.supervisor import Agent, ToolCallRequest, ToolExecutor
-from tests.agent.support import assert_sound, records, turn_ends
+from tests.supervisor.support import assert_sound, records, turn_ends
 from tests.workers.pytools import data_tools, registry
 from tests.workers.support import Recorder, bash, call_processes, running_pool, start
 

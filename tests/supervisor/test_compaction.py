@@ -13,7 +13,7 @@ import pytest
 from andon.llm import SUMMARY_MARKER, OpenAICompatible, from_spec
 from andon.session import history, read
 from andon.testing import MockModelServer
-from tests.agent.support import agent_for, assert_sound, records
+from tests.supervisor.support import agent_for, assert_sound, records
 
 SUMMARY = "Summary: the job printed blocks of text; nothing failed so far."
 

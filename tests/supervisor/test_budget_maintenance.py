@@ -10,7 +10,7 @@ import pytest
 
 from andon.base import AbortSignal, ManualClock
 from andon.supervisor import TurnBudget
-from tests.agent.support import Watcher, agent_for, assert_sound, records, turn_ends
+from tests.supervisor.support import Watcher, agent_for, assert_sound, records, turn_ends
 from tests.support import fifo_in
 from tests.workers.pytools import more_tools
 

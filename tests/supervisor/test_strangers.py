@@ -15,7 +15,7 @@ import andon
 from andon.base import GracePolicy, User
 from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Scripted
-from tests.agent.support import Watcher, records, turn_ends
+from tests.supervisor.support import Watcher, records, turn_ends
 from tests.support import fifo_in, gated, open_gate, session_leftovers
 from tests.workers.pytools import registry as make_registry
 from tests.workers.support import MODES

@@ -17,7 +17,7 @@ from andon.base import User
 from andon.llm import OpenAICompatible, from_spec
 from andon.session import check, history, load, read
 from andon.testing import MockModelServer
-from tests.agent.support import (
+from tests.supervisor.support import (
     SummaryTripwire,
     agent_for,
     assert_sound,
@@ -100,7 +100,7 @@ def test_kill_9_at_seeded_moments_of_the_summary_then_repair_check_and_resume(
     job = chatty_job(STEPS, 2000)
     folder = tmp_path / "s"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.agent.compaction_driver", str(folder), str(at)],
+        [sys.executable, "-m", "tests.supervisor.compaction_driver", str(folder), str(at)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,7 +1,7 @@
 """Runs a job that outgrows its context window and SIGKILLs itself inside the first summary call,
 at its chunk ``AT`` (see ``SummaryTripwire``): a crash in the middle of compaction.
 
-Usage: python -m tests.agent.compaction_driver SESSION_DIR AT
+Usage: python -m tests.supervisor.compaction_driver SESSION_DIR AT
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 
 from andon.llm import OpenAICompatible, from_spec
 from andon.testing import MockModelServer
-from tests.agent.support import SummaryTripwire, agent_for, chatty_job
-from tests.agent.test_compaction_stops import STEPS, SUMMARY, WINDOW
+from tests.supervisor.support import SummaryTripwire, agent_for, chatty_job
+from tests.supervisor.test_compaction_stops import STEPS, SUMMARY, WINDOW
 
 
 async def main(folder: str, at: int) -> None:

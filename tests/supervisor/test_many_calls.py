@@ -13,7 +13,7 @@ import pytest
 from andon.base import User
 from andon.llm import Scripted
 from andon.session import SessionLog
-from tests.agent.support import Watcher, agent_on, assert_sound, records
+from tests.supervisor.support import Watcher, agent_on, assert_sound, records
 
 CALLS = 10_000
 

@@ -13,7 +13,7 @@ import pytest
 import andon
 from andon.base import ConfigError, call_tag, check_session_id, parse_call_id
 from andon.llm import Scripted
-from tests.agent.support import agent_for, assert_sound, records
+from tests.supervisor.support import agent_for, assert_sound, records
 
 PROBE = {
     "text": "Probing.",

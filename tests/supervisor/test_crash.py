@@ -10,14 +10,14 @@ from pathlib import Path
 
 from andon.llm import Scripted
 from andon.session import check, load
-from tests.agent.support import agent_for, assert_valid_request, records
+from tests.supervisor.support import agent_for, assert_valid_request, records
 from tests.support import REPO, session_leftovers, wait_all_exited
 
 
 async def test_kill_9_mid_tool_then_load_and_resume(tmp_path: Path) -> None:
     folder = tmp_path / "session"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.agent.driver", str(folder)],
+        [sys.executable, "-m", "tests.supervisor.driver", str(folder)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

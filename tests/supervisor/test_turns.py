@@ -10,7 +10,7 @@ import pytest
 from andon.base import AgentClosed, Disposed, Parent, User
 from andon.session import read
 from andon.supervisor import Enter, Reject
-from tests.agent.support import (
+from tests.supervisor.support import (
     Watcher,
     agent_for,
     assert_sound,
