@@ -15,7 +15,7 @@ prompt's bottom toolbar (prompt_toolkit owns the terminal there). Control sequen
 the user's terminal.
 
 Like the other renderers, nothing here writes to the terminal on the event loop's thread: the
-console writes into the renderer's writer thread (``andon.cli._output.Writer``), one print as one
+console writes into the renderer's writer thread (``andon.cli._writer.Writer``), one print as one
 unit, so a terminal paused with Ctrl-S never stops signals or timers. While the terminal does not
 keep up, the live area is not redrawn (its frames would only pile up); past the bound, whole prints
 are dropped (the session log has every record).
