@@ -10,6 +10,7 @@ import sys
 
 import andon
 from andon.llm import Scripted
+from andon.session import ToolOutput
 from andon.supervisor import WorkerPoolConfig
 
 
@@ -31,7 +32,7 @@ async def main(folder: str) -> None:
         stream = agent.events()
         agent.followup("deploy")
         async for item in stream:
-            if item.get("type") == "tool/output" and "started" in item.get("text", ""):
+            if isinstance(item, ToolOutput) and "started" in item.text:
                 print("ready", flush=True)
         await agent.when_idle()
 

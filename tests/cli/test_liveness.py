@@ -18,6 +18,15 @@ import pytest
 
 from andon.base import ManualClock
 from andon.cli._liveness import Liveness, span
+from andon.session import (
+    Record,
+    SubagentEvent,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolStarted,
+    TurnStart,
+)
 from tests.cli.support import ANDON, env, records, script
 
 
@@ -31,12 +40,22 @@ class Lines:
         self.events.append(event)
 
 
-def call(kind: str, call_id: str = "c1-1-1") -> dict[str, Any]:
-    return {"type": kind, "data": {"call_id": call_id}}
+_SEQ = iter(range(1_000_000))
 
 
-def output(call_id: str = "c1-1-1") -> dict[str, Any]:
-    return {"type": "tool/output", "call_id": call_id, "text": "building…\n"}
+def call(kind: str, call_id: str = "c1-1-1") -> Record:
+    data: ToolCall | ToolStarted | ToolResult
+    if kind == "tool/call":
+        data = ToolCall(1, 1, call_id, "bash", "{}")
+    elif kind == "tool/started":
+        data = ToolStarted(1, 1, call_id, "w1", "host", 4242, 4242, 1.0)
+    else:
+        data = ToolResult(1, 1, call_id, "[exit code 0]", False, 1.0)
+    return Record(next(_SEQ), 1.0, data)
+
+
+def output(call_id: str = "c1-1-1") -> ToolOutput:
+    return ToolOutput(call_id, "building…\n")
 
 
 async def advance(clock: ManualClock, seconds: float) -> None:
@@ -76,7 +95,7 @@ async def test_a_silent_tool_is_said_every_interval_until_its_result() -> None:
         "elapsed": 150.0,
         "silent": 150.0,
     }
-    live.feed({"type": "tool/result", "data": {"call_id": "c1-1-1", "content": "[exit code 0]"}})
+    live.feed(call("tool/result"))
     await advance(clock, 300)
     assert len(lines.text) == 5  # the call is over: not another word
     assert clock.sleepers == 0  # and no timer left behind
@@ -104,7 +123,7 @@ async def test_no_output_yet_and_a_call_that_waits_for_a_worker_are_said_as_such
     live.feed(call("tool/started", "c1-1-1"))
     live.feed(call("tool/call", "c1-1-2"))  # no worker free for it yet
     live.feed(call("tool/call", "c1-1-3"))  # a subagent: no tool/started, its own events
-    live.feed({"type": "subagent/event", "call_id": "c1-1-3", "event": {"type": "turn/start"}})
+    live.feed(SubagentEvent("c1-1-3", Record(0, 1.0, TurnStart(1))))
     await advance(clock, 30)
     assert sorted(lines.text) == [
         "c1-1-1 still running: 30s, no output yet",

@@ -16,11 +16,20 @@ These are live lines only: nothing here is written to the session log. Timers ar
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from andon.base import Clock, SystemClock, Timer
+from andon.session import (
+    AgentEvent,
+    Record,
+    SubagentEvent,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolStarted,
+)
 
 __all__ = ["STARTING_AFTER", "Liveness", "span"]
 
@@ -51,7 +60,7 @@ class Liveness:
     """Says a line through ``emit`` while the run starts slowly or a tool call is silent.
 
     ``emit(text, event)`` gets the plain line (without the ``andon:`` prefix) and what it says as
-    a live event (``{"type": "run/progress", ...}``) for renderers that want one. ``interval`` 0
+    a live event (``{"type": "run/progress", ...}``) for views that want one. ``interval`` 0
     (or less) says nothing at all."""
 
     def __init__(
@@ -105,42 +114,38 @@ class Liveness:
 
     # -- tool calls -------------------------------------------------------------------------------
 
-    def feed(self, event: Mapping[str, Any]) -> None:
+    def feed(self, event: AgentEvent) -> None:
         """Follow the tool calls of the event stream (``agent.events()``)."""
         if not self.on:
             return
-        kind = event.get("type")
-        data = event.get("data") or {}
-        if kind == "tool/output":
-            call = self._calls.get(str(event.get("call_id")))
-            if call is not None:
-                call.last_output = self.clock.monotonic()
-            return
-        if kind == "subagent/event":
-            # A subagent is a supervisor tool: no worker takes it and it writes no tool/started,
-            # so its first event says it runs (since it was asked for). Its events are not
-            # printed in the plain view: they are not output.
-            call = self._calls.get(str(event.get("call_id")))
-            if call is not None and call.started is None:
-                call.started = call.seen
-            return
-        if kind not in ("tool/call", "tool/started", "tool/result"):
-            return
-        call_id = str(data.get("call_id"))
         now = self.clock.monotonic()
-        if kind == "tool/call":
-            call = _Call(seen=now)
-            self._calls[call_id] = call
-            self._arm(call_id, call, now + self.interval)
-        elif kind == "tool/started":
-            call = self._calls.get(call_id) or _Call(seen=now)
-            self._calls[call_id] = call
-            if call.started is None:
-                call.started = now
-        else:
-            gone = self._calls.pop(call_id, None)
-            if gone is not None and gone.timer is not None:
-                gone.timer.cancel()
+        match event:
+            case ToolOutput(call_id=call_id):
+                call = self._calls.get(call_id)
+                if call is not None:
+                    call.last_output = now
+            case SubagentEvent(call_id=call_id):
+                # A subagent is a supervisor tool: no worker takes it and it writes no
+                # tool/started, so its first event says it runs (since it was asked for). Its
+                # events are not printed in the plain view: they are not output.
+                call = self._calls.get(call_id)
+                if call is not None and call.started is None:
+                    call.started = call.seen
+            case Record(data=ToolCall(call_id=call_id)):
+                call = _Call(seen=now)
+                self._calls[call_id] = call
+                self._arm(call_id, call, now + self.interval)
+            case Record(data=ToolStarted(call_id=call_id)):
+                call = self._calls.get(call_id) or _Call(seen=now)
+                self._calls[call_id] = call
+                if call.started is None:
+                    call.started = now
+            case Record(data=ToolResult(call_id=call_id)):
+                gone = self._calls.pop(call_id, None)
+                if gone is not None and gone.timer is not None:
+                    gone.timer.cancel()
+            case _:
+                pass  # nothing else says whether a call is alive
 
     def _arm(self, call_id: str, call: _Call, when: float) -> None:
         if call.timer is not None:

@@ -362,7 +362,7 @@ def _job(args: argparse.Namespace) -> RunJob:
     from andon.cli._settings import read_system_prompt, resolve
     from andon.cli._setup import load_model, project_instructions
     from andon.cli._structured import SchemaModel, check_output_file, load_output_schema
-    from andon.session import fold_state, read
+    from andon.session import SessionStart, fold_state, read
 
     settings = resolve(vars(args))
     # The output flags are checked first: a schema or a file that cannot work spends no model
@@ -396,9 +396,9 @@ def _job(args: argparse.Namespace) -> RunJob:
         # andon's base text (or the --system file's) as logged: the project instructions are
         # read again below, as they are now.
         system_prompt = state.base_system_prompt
-        if cwd is None and len(records) and records[0].type == "session/start":
-            logged = records[0].to_dict()["data"].get("cwd")
-            cwd = None if logged is None else name_path(logged)  # as show_name recorded it
+        first = records[0].data if len(records) else None
+        if cwd is None and isinstance(first, SessionStart):
+            cwd = name_path(first.cwd)  # as show_name recorded it
         if args.prompt is None and not (state.next_turn or state.next_step):
             repaired = _repair_on_load(existing)
             raise ConfigError(
@@ -574,20 +574,21 @@ def _check_log(path: Path, *, is_file: bool) -> int:
 
 def _session_summary(folder: Path) -> dict[str, Any]:
     """One ``andon sessions`` entry: read the log (no lock), ask the lock whether it is live."""
-    from andon.session import iter_records, live_holder
+    from andon.session import SessionStart, TurnEnd, TurnStart, iter_records, live_holder
 
     entry: dict[str, Any] = {"session_id": folder.name, "path": str(folder), "started": None}
     entry.update(cwd=None, ended=None, open_turn=None, live=False, pid=None)
     try:
         for record in iter_records(folder):
-            data = record.to_dict().get("data") or {}
-            if record.type == "session/start":
-                entry.update(session_id=data.get("session_id"), cwd=data.get("cwd"))
-                entry["started"] = data.get("created")
-            elif record.type == "turn/start":
-                entry["open_turn"] = data.get("turn")
-            elif record.type == "turn/end":
-                entry.update(open_turn=None, ended=data.get("reason"))
+            match record.data:
+                case SessionStart(session_id=sid, cwd=cwd, created=created):
+                    entry.update(session_id=sid, cwd=cwd, started=created)
+                case TurnStart(turn=turn):
+                    entry["open_turn"] = turn
+                case TurnEnd(reason=reason):
+                    entry.update(open_turn=None, ended=reason.to_json())
+                case _:
+                    pass
     except (AndonError, OSError, ValueError) as e:
         entry["error"] = str(e)
     holder = live_holder(folder)

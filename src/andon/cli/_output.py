@@ -1,6 +1,8 @@
 """What ``andon run`` prints while the agent works.
 
-Two renderers over the same event stream (``agent.events()``: log records plus live events):
+Two views of the same event stream (``agent.events()``: log records plus live events, typed as
+:data:`~andon.session.AgentEvent`; the terminal's is ``andon.cli._term``), each a subclass of
+:class:`Output` whose :meth:`~Output.show` matches on the event classes:
 
 * plain text (CI logs, and terminals for now): streamed assistant text on stdout, each tool call on
   one line, its live output indented under it, then its exit status; stopping status lines and
@@ -27,13 +29,50 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TextIO
+from typing import Any, Final, Literal, TextIO, assert_never
 
-from andon.base import GracePolicy, plural
+from andon.base import GracePolicy, Hook, SignalStage, plural
 from andon.cli._liveness import Liveness
 from andon.cli._writer import Writer, can_stall, settle_others, stderr_writer
+from andon.session import (
+    AgentError,
+    AgentEvent,
+    AgentStatus,
+    AssistantChunk,
+    AssistantDelta,
+    AssistantMessage,
+    Blocked,
+    Completed,
+    ContextCompacted,
+    ContextTrimmed,
+    EventData,
+    InboxSpliced,
+    Interrupted,
+    LlmRequest,
+    LlmRetry,
+    MaxTokens,
+    Record,
+    SessionRepaired,
+    SessionResumed,
+    SessionStart,
+    StepEnd,
+    StepStart,
+    SubagentEvent,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolSignal,
+    ToolStarted,
+    TurnAborted,
+    TurnEnd,
+    TurnEndReason,
+    TurnFailed,
+    TurnStart,
+    Unrecognized,
+    UserMessageEntered,
+)
 
 __all__ = [
     "JsonOutput",
@@ -42,13 +81,14 @@ __all__ = [
     "StdoutClosed",
     "TextOutput",
     "Tracker",
+    "describe_end",
     "install_log_handler",
     "say",
     "summary_text",
 ]
 
 _TAIL_LINES: Final = 8
-_STAGE_NAMES: Final = {
+_STAGE_NAMES: Final[Mapping[SignalStage, str]] = {
     "interrupt": "SIGINT",
     "term": "SIGTERM",
     "kill": "SIGKILL",
@@ -108,40 +148,38 @@ def say(text: str) -> None:
 
 @dataclass
 class Tracker:
-    """What every renderer needs to know: calls in flight and how the last turn ended (and, for
-    the summary, what the model said last)."""
+    """What every view needs to know: calls in flight and how the last turn ended (and, for the
+    summary, what the model said last)."""
 
     in_flight: dict[str, int | None] = field(default_factory=dict)  # call_id -> pgid
-    last_end: dict[str, Any] | None = None
+    last_end: TurnEndReason | None = None
     turns: int = 0
     tool_calls: int = 0
     final_text: str | None = None  # the text blocks of the last assistant/message, joined
 
-    def feed(self, event: Mapping[str, Any]) -> None:
-        data = event.get("data") or {}
-        match event.get("type"):
-            case "tool/call":
+    def feed(self, event: AgentEvent) -> None:
+        if not isinstance(event, Record):
+            return  # only records change what is tracked
+        match event.data:
+            case ToolCall(call_id=call_id):
                 self.tool_calls += 1
-                self.in_flight[data["call_id"]] = None
-            case "tool/started":
-                self.in_flight[data["call_id"]] = data.get("pgid")
-            case "tool/result":
-                self.in_flight.pop(data.get("call_id", ""), None)
-            case "turn/end":
+                self.in_flight[call_id] = None
+            case ToolStarted(call_id=call_id, pgid=pgid):
+                self.in_flight[call_id] = pgid
+            case ToolResult(call_id=call_id):
+                self.in_flight.pop(call_id, None)
+            case TurnEnd(reason=reason):
                 self.turns += 1
-                self.last_end = data.get("reason")
-            case "assistant/message":
-                content = (data.get("message") or {}).get("content") or ()
-                self.final_text = "".join(
-                    str(block.get("text", "")) for block in content if block.get("type") == "text"
-                )
+                self.last_end = reason
+            case AssistantMessage(message=message):
+                self.final_text = message.text
             case _:
-                pass
+                pass  # the views match every class; the tracker only these
 
 
 class Output:
-    """Base renderer: writes to stdout through a writer thread, turns EPIPE into
-    :class:`StdoutClosed`."""
+    """Base view: shows each event (:meth:`show`), writes to stdout through a writer thread, turns
+    EPIPE into :class:`StdoutClosed`."""
 
     def __init__(self, grace: GracePolicy, stream: TextIO | None = None) -> None:
         self.grace = grace
@@ -279,16 +317,18 @@ class Output:
                 f"{_kib(writer.pending)} (the session log has every record)"
             )
 
-    def feed(self, event: Mapping[str, Any]) -> None:
+    def feed(self, event: AgentEvent) -> None:
+        """Track ``event``, then :meth:`show` it."""
         self.tracker.feed(event)
         if self.liveness is not None:
             self.liveness.feed(event)
         self._raise_if_closed()
-        if event.get("type") == "tool/signal" and not self.closed:  # a closed stdout: quietly
-            self._stopping_stage(event["data"])
-        self.render(event)
+        if isinstance(event, Record) and isinstance(event.data, ToolSignal) and not self.closed:
+            self._stopping_stage(event.data)  # a closed stdout: quietly
+        self.show(event)
 
-    def render(self, event: Mapping[str, Any]) -> None:
+    def show(self, event: AgentEvent) -> None:
+        """Show one event the way this view does."""
         raise NotImplementedError
 
     def summary(self, summary: Mapping[str, Any]) -> None:
@@ -317,26 +357,29 @@ class Output:
         n = len(self.tracker.in_flight)
         say(f"{signame} again: killing {plural(n, 'tool process group')} now")
 
-    def _stopping_stage(self, data: Mapping[str, Any]) -> None:
+    def _stopping_stage(self, data: ToolSignal) -> None:
         # ``at`` counts from the call's start, not the stop's: name the next stage by its delay.
-        stage = str(data.get("stage"))
+        stage = data.stage
         g = self.grace
         waiting = ""
-        if stage in ("interrupt", "timeout-interrupt"):
+        if stage == "interrupt":
             waiting = f"; SIGTERM in {g.term_after:g} s unless it exits"
-        elif stage in ("term", "timeout-term"):
+        elif stage == "term":
             waiting = f"; SIGKILL in {g.kill_after:g} s unless it exits"
         elif stage in ("kill", "sweep-kill"):
             waiting = "; waiting for the kernel to reap them"
         say(
-            f"stopping: {_STAGE_NAMES.get(stage, stage)} sent to "
-            f"{plural(int(data.get('targets') or 0), 'process')} of {data.get('call_id')}{waiting}"
+            f"stopping: {_STAGE_NAMES[stage]} sent to "
+            f"{plural(data.targets, 'process')} of {data.call_id}{waiting}"
         )
 
 
 class JsonOutput(Output):
-    def render(self, event: Mapping[str, Any]) -> None:
-        self.write(json.dumps(event, ensure_ascii=False) + "\n")
+    """``--json``: each event as the JSON object of its class's codec (a record exactly as its
+    log line, docs/log-format.md, Records), one a line."""
+
+    def show(self, event: AgentEvent) -> None:
+        self.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
 
     def progress(self, text: str, event: Mapping[str, Any]) -> None:
         """The line on stderr, and for a silent tool call a live ``run/progress`` event on stdout
@@ -347,7 +390,7 @@ class JsonOutput(Output):
             return
         line = {k: round(v, 3) if isinstance(v, float) else v for k, v in event.items()}
         # _emit, not write: a closed stdout or a write error is left for the next event's write
-        # to raise, on the renderer's task rather than in a timer.
+        # to raise, on the view's task rather than in a timer.
         self._emit(json.dumps(line, ensure_ascii=False) + "\n", whole=False)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
@@ -376,91 +419,97 @@ class TextOutput(Output):
             self._mid_line = False
         self.write(text + "\n")
 
-    def render(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        data: Mapping[str, Any] = event.get("data") or {}
-        match kind:
-            case "assistant/chunk":
-                for delta in data.get("deltas", ()):
-                    text = str(delta.get("text", ""))
-                    if not text:
-                        continue
-                    if delta.get("type") == "text":
+    def show(self, event: AgentEvent) -> None:
+        match event:
+            case Record(data=data):
+                self._show_record(data)
+            case ToolOutput(call_id=call_id, text=text):
+                self._saw_output.add(call_id)
+                *lines, self._pending = (self._pending + text).split("\n")
+                for line in lines:
+                    self._line(f"  │ {line}")
+            case AgentError(code=code, message=message):
+                say(f"error {code}: {message}")
+            case AgentStatus() | AssistantDelta() | SubagentEvent():
+                pass  # the chunk records show the text; a subagent's events are not output
+            case _:
+                assert_never(event)
+
+    def _show_record(self, data: EventData) -> None:
+        match data:
+            case AssistantChunk(deltas=deltas):
+                for kind, text in stream_texts(deltas):
+                    if kind == "text":
                         self.write(text)
-                    elif delta.get("type") == "reasoning" and self._tty:
-                        self.write(f"\x1b[2m{text}\x1b[0m")  # dimmed; CI logs leave it out
+                    elif self._tty:
+                        self.write(
+                            f"\x1b[2m{text}\x1b[0m"
+                        )  # dimmed reasoning; CI logs leave it out
                     else:
                         continue
                     self._mid_line = not text.endswith("\n")
-            case "assistant/message":
+            case AssistantMessage():
                 if self._mid_line:
                     self.write("\n")
                     self._mid_line = False
-            case "tool/call":
-                self._line(f"▶ {data.get('call_id')} {data.get('name')} {_args(data)}")
-            case "tool/output":
-                call_id = str(event.get("call_id"))
-                self._saw_output.add(call_id)
-                text = self._pending + str(event.get("text", ""))
-                *lines, self._pending = text.split("\n")
-                for line in lines:
-                    self._line(f"  │ {line}")
-            case "tool/result":
+            case ToolCall(call_id=call_id, name=name, arguments=arguments):
+                self._line(f"▶ {call_id} {name} {show_arguments(arguments)}")
+            case ToolResult():
                 self._result(data)
-            case "turn/end":
-                self._line(f"■ turn {data.get('turn')} ended: {_reason(data.get('reason'))}")
-            case "agent/error":
-                error = event.get("error") or {}
-                say(f"error {error.get('code')}: {error.get('message')}")
-            case "llm/retry":
-                error = data.get("error") or {}
-                say(
-                    f"model request failed ({error.get('code')}: {error.get('message')}); "
-                    f"retrying in {float(data.get('delay') or 0):.1f} s"
-                )
-            case _:
+            case TurnEnd(turn=turn, reason=reason):
+                self._line(f"■ turn {turn} ended: {describe_end(reason)}")
+            case LlmRetry(error=error, delay=delay):
+                say(f"model request failed ({model_error(error)}); retrying in {delay:.1f} s")
+            case (
+                SessionStart()
+                | SessionResumed()
+                | SessionRepaired()
+                | InboxSpliced()
+                | TurnStart()
+                | StepStart()
+                | StepEnd()
+                | UserMessageEntered()
+                | LlmRequest()
+                | ToolStarted()
+                | ToolSignal()  # said on stderr by feed
+                | ContextTrimmed()
+                | ContextCompacted()
+                | Unrecognized()
+            ):
                 pass
+            case _:
+                assert_never(data)
 
-    def _result(self, data: Mapping[str, Any]) -> None:
-        call_id = str(data.get("call_id"))
-        content = str(data.get("content", ""))
-        lines = content.rstrip("\n").split("\n")
-        # The status lines andon appends (`[exit code 2]`, `[stopped: …]`, `[andon stopped …]`).
-        n = 0
-        while n < len(lines) and lines[-1 - n].startswith("[") and lines[-1 - n].endswith("]"):
-            n += 1
-        status = " ".join(lines[len(lines) - n :])
-        body = lines[: len(lines) - n]
+    def _result(self, data: ToolResult) -> None:
+        call_id = data.call_id
+        body, status = split_status(data.content)
         if self._pending:
             self._line(f"  │ {self._pending}")
             self._pending = ""
         if call_id not in self._saw_output:
             for line in body[-_TAIL_LINES:]:
                 self._line(f"  │ {line}")
-        error = data.get("error") or {}
         if not status:
-            status = f"[{error.get('code')}]" if error else "[ok]"
-        duration = data.get("duration")
-        took = f" in {float(duration):.2f} s" if isinstance(duration, int | float) else ""
-        self._line(f"◀ {call_id} {status}{took}")
+            status = f"[{data.error.code}]" if data.error else "[ok]"
+        self._line(f"◀ {call_id} {status} in {data.duration:.2f} s")
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         if self.closed:
             return  # whoever read us went away: dispose quietly
         self.finish(str(summary["session"]))
-        say(summary_text(summary))
+        say(summary_text(summary, self.tracker.last_end))
 
 
-def summary_text(summary: Mapping[str, Any]) -> str:
+def summary_text(summary: Mapping[str, Any], ended: TurnEndReason | None) -> str:
     """The one-line summary a person reads (the plain view's stderr, the terminal view's last
-    line): turns, tool calls, duration, cost when known, how it ended, the exit code, the
-    session."""
+    line): turns, tool calls, duration, cost when known, how the last turn ``ended``, the exit
+    code, the session."""
     cost = summary.get("cost")
     spent = f"{_usd(float(cost['usd']))}, " if isinstance(cost, Mapping) else ""
     return (
         f"{plural(int(summary['turns']), 'turn')}, "
         f"{plural(int(summary['tool_calls']), 'tool call')}, "
-        f"{float(summary['duration']):.1f} s, {spent}ended {_reason(summary['ended'])}, "
+        f"{float(summary['duration']):.1f} s, {spent}ended {describe_end(ended)}, "
         f"exit {summary['exit_code']}; session {summary['session']}"
     )
 
@@ -470,33 +519,62 @@ def _usd(amount: float) -> str:
     return f"${amount:.4f}" if amount >= 0.001 or amount == 0 else f"${amount:.6f}"
 
 
-def _args(data: Mapping[str, Any]) -> str:
-    raw = str(data.get("arguments", ""))
+def show_arguments(raw: str) -> str:
+    """A tool call's arguments on one line: ``$ make -j2`` for a command, else the JSON text,
+    cut at 160 characters."""
     try:
         args = json.loads(raw)
     except ValueError:
         args = None
-    if isinstance(args, dict) and isinstance(args.get("command"), str):
-        text = "$ " + str(args["command"]).strip().replace("\n", " ⏎ ")
-    else:
-        text = raw
+    command = args.get("command") if isinstance(args, dict) else None
+    text = "$ " + command.strip().replace("\n", " ⏎ ") if isinstance(command, str) else raw
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def _reason(reason: Any) -> str:
-    if not isinstance(reason, Mapping):
-        return "(no turn ran)"
-    kind = reason.get("kind")
-    if kind == "aborted":
-        cause = reason.get("reason") or {}
-        extra = f": {cause['reason']}" if cause.get("reason") else ""
-        return f"aborted ({cause.get('kind')}{extra})"
-    if kind == "error":
-        error = reason.get("error") or {}
-        return f"error ({error.get('code')}: {error.get('message')})"
-    if kind == "blocked":
-        return f"blocked by {reason.get('by')}"
-    return str(kind)
+def describe_end(reason: TurnEndReason | None) -> str:
+    """How a turn ended, in the CLI's words (``aborted (hook: too slow)``); ``None``: no turn
+    ran."""
+    match reason:
+        case None:
+            return "(no turn ran)"
+        case TurnAborted(cause=cause):
+            extra = f": {cause.reason}" if isinstance(cause, Hook) and cause.reason else ""
+            return f"aborted ({cause.kind}{extra})"
+        case TurnFailed(code=code, message=message):
+            return f"error ({code}: {message})"
+        case Blocked(by=by):
+            return f"blocked by {by}"
+        case Completed() | MaxTokens() | Interrupted():
+            return reason.kind
+        case _:
+            assert_never(reason)
+
+
+def stream_texts(
+    deltas: Iterable[Mapping[str, Any]],
+) -> Iterator[tuple[Literal["text", "reasoning"], str]]:
+    """The visible pieces of an ``assistant/chunk``'s deltas: each text or reasoning delta's
+    kind and text (a tool call's argument fragments are not shown as they stream). The deltas
+    are JSON the record keeps as it is (docs/log-format.md, Streamed deltas): read here once."""
+    for delta in deltas:
+        kind, text = delta.get("type"), delta.get("text")
+        if (kind == "text" or kind == "reasoning") and isinstance(text, str) and text:
+            yield kind, text
+
+
+def model_error(error: Mapping[str, Any]) -> str:
+    """``code: message`` of a model error as ``llm/retry`` records it (a JSON object)."""
+    return f"{error.get('code')}: {error.get('message')}"
+
+
+def split_status(content: str) -> tuple[list[str], str]:
+    """A tool result's content as its output lines and the status lines andon appends at its end
+    (``[exit code 2]``, ``[stopped: …]``, ``[andon stopped …]``), joined by spaces."""
+    lines = content.rstrip("\n").split("\n")
+    n = 0
+    while n < len(lines) and lines[-1 - n].startswith("[") and lines[-1 - n].endswith("]"):
+        n += 1
+    return lines[: len(lines) - n], " ".join(lines[len(lines) - n :])
 
 
 def _kib(n: int) -> str:

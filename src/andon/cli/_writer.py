@@ -266,7 +266,7 @@ class Writer:
 
 
 def drain_writers() -> None:
-    # stdout is drained by the renderer's summary (with its own, longer bound); this is for
+    # stdout is drained by the view's summary (with its own, longer bound); this is for
     # what was said on stderr last (the text-mode summary, "the turn failed"), and for stdout when
     # the run ended without a summary.
     with _lock:
