@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from andon.base import ManualClock
-from andon.cli._liveness import Liveness, span
+from andon.cli._liveness import Liveness, RunProgress, span
 from andon.session import (
     Record,
     SubagentEvent,
@@ -35,9 +35,9 @@ class Lines:
         self.text: list[str] = []
         self.events: list[dict[str, Any]] = []
 
-    def __call__(self, text: str, event: dict[str, Any]) -> None:
+    def __call__(self, text: str, event: RunProgress) -> None:
         self.text.append(text)
-        self.events.append(event)
+        self.events.append(event.to_json())  # what --json prints, but for the rounding
 
 
 _SEQ = iter(range(1_000_000))
@@ -95,6 +95,7 @@ async def test_a_silent_tool_is_said_every_interval_until_its_result() -> None:
         "elapsed": 150.0,
         "silent": 150.0,
     }
+    assert list(lines.events[-1]) == ["type", "phase", "call_id", "elapsed", "silent"]
     live.feed(call("tool/result"))
     await advance(clock, 300)
     assert len(lines.text) == 5  # the call is over: not another word
@@ -130,6 +131,21 @@ async def test_no_output_yet_and_a_call_that_waits_for_a_worker_are_said_as_such
         "c1-1-2 still waiting for a tool worker: 30s",
         "c1-1-3 still running: 30s, no output yet",
     ]
+    # Each line's JSON keys in the order --json prints them.
+    assert sorted(lines.events, key=lambda e: str(e["call_id"])) == [
+        {"type": "run/progress", "phase": "tool", "call_id": "c1-1-1", "elapsed": 30.0},
+        {
+            "type": "run/progress",
+            "phase": "tool",
+            "call_id": "c1-1-2",
+            "waiting": "worker",
+            "elapsed": 30.0,
+        },
+        {"type": "run/progress", "phase": "tool", "call_id": "c1-1-3", "elapsed": 30.0},
+    ]
+    assert [list(e) for e in lines.events if e["call_id"] == "c1-1-2"] == [
+        ["type", "phase", "call_id", "waiting", "elapsed"]
+    ]
     live.close()
 
 
@@ -147,6 +163,7 @@ async def test_a_slow_start_is_said_after_5_s_then_every_interval_until_ready() 
         "elapsed": 5.0,
         "waiting_for": "the tool workers to start",
     }
+    assert list(lines.events[0]) == ["type", "phase", "elapsed", "waiting_for"]
     await advance(clock, 30)
     assert lines.text[-1] == "still starting: 35s (waiting for the tool workers to start)"
     live.ready()

@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Annotated, ClassVar, Final, Literal, TypeAlias
 
-from andon.base import Clock, SystemClock, Timer
+from andon.base import Clock, SystemClock, Timer, shape
 from andon.session import (
     AgentEvent,
+    LogValue,
     Record,
     SubagentEvent,
     ToolCall,
@@ -31,7 +32,7 @@ from andon.session import (
     ToolStarted,
 )
 
-__all__ = ["STARTING_AFTER", "Liveness", "span"]
+__all__ = ["STARTING_AFTER", "Liveness", "RunProgress", "StartProgress", "ToolProgress", "span"]
 
 STARTING_AFTER: Final = 5.0
 """Seconds of start-up after which the first "still starting" line is said (or the interval, if
@@ -48,6 +49,35 @@ def span(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+@dataclass(frozen=True, slots=True)
+class StartProgress(LogValue):
+    """``run/progress`` while the run starts: for how long, and what it waits for."""
+
+    elapsed: float
+    waiting_for: Annotated[str | None, shape(omit=True)] = None
+    phase: Literal["starting"] = "starting"
+    json_tag: ClassVar = ("type", "run/progress")
+    json_keys: ClassVar = ("type", "phase", "elapsed", "waiting_for")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolProgress(LogValue):
+    """``run/progress`` of a silent tool call: since when it runs (or waits for a ``worker``),
+    and for how long it has been ``silent`` once it printed something."""
+
+    call_id: str
+    elapsed: float
+    waiting: Annotated[Literal["worker"] | None, shape(omit=True)] = None
+    silent: Annotated[float | None, shape(omit=True)] = None
+    phase: Literal["tool"] = "tool"
+    json_tag: ClassVar = ("type", "run/progress")
+    json_keys: ClassVar = ("type", "phase", "call_id", "waiting", "elapsed", "silent")
+
+
+RunProgress: TypeAlias = StartProgress | ToolProgress
+"""A liveness line as a live event of ``andon run --json`` (docs/ci.md, Liveness in CI logs)."""
+
+
 @dataclass
 class _Call:
     seen: float  # when its tool/call came
@@ -60,13 +90,13 @@ class Liveness:
     """Says a line through ``emit`` while the run starts slowly or a tool call is silent.
 
     ``emit(text, event)`` gets the plain line (without the ``andon:`` prefix) and what it says as
-    a live event (``{"type": "run/progress", ...}``) for views that want one. ``interval`` 0
+    a live event (a :data:`RunProgress`) for views that want one. ``interval`` 0
     (or less) says nothing at all."""
 
     def __init__(
         self,
         interval: float,
-        emit: Callable[[str, dict[str, Any]], None],
+        emit: Callable[[str, RunProgress], None],
         *,
         clock: Clock | None = None,
         waiting_for: str | None = None,
@@ -106,9 +136,7 @@ class Liveness:
         now = self.clock.monotonic()
         elapsed = now - self._began
         what = f" (waiting for {self.waiting_for})" if self.waiting_for else ""
-        event: dict[str, Any] = {"type": "run/progress", "phase": "starting", "elapsed": elapsed}
-        if self.waiting_for:
-            event["waiting_for"] = self.waiting_for
+        event = StartProgress(elapsed, self.waiting_for or None)
         self._emit(f"still starting: {span(elapsed)}{what}", event)
         self._starting = self.clock.call_at(now + self.interval, self._still_starting)
 
@@ -165,16 +193,15 @@ class Liveness:
             self._arm(call_id, call, quiet_since + self.interval)
             return
         elapsed = now - (call.started if call.started is not None else call.seen)
-        event: dict[str, Any] = {"type": "run/progress", "phase": "tool", "call_id": call_id}
         if call.started is None:
-            event.update(waiting="worker", elapsed=now - call.seen)
+            event = ToolProgress(call_id, now - call.seen, waiting="worker")
             text = f"{call_id} still waiting for a tool worker: {span(now - call.seen)}"
         elif call.last_output is None:
-            event.update(elapsed=elapsed)
+            event = ToolProgress(call_id, elapsed)
             text = f"{call_id} still running: {span(elapsed)}, no output yet"
         else:
             silent = now - call.last_output
-            event.update(elapsed=elapsed, silent=silent)
+            event = ToolProgress(call_id, elapsed, silent=silent)
             text = f"{call_id} still running: {span(elapsed)}, last output {span(silent)} ago"
         self._emit(text, event)
         self._arm(call_id, call, now + self.interval)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TextIO, assert_never
 
 from andon.base import GracePolicy, Hook, SignalStage, plural
-from andon.cli._liveness import Liveness
+from andon.cli._liveness import Liveness, RunProgress, ToolProgress
 from andon.cli._writer import Writer, can_stall, settle_others, stderr_writer
 from andon.session import (
     AgentError,
@@ -200,7 +200,7 @@ class Output:
         self.liveness = Liveness(interval, self.progress)
         return self.liveness
 
-    def progress(self, text: str, event: Mapping[str, Any]) -> None:
+    def progress(self, text: str, event: RunProgress) -> None:
         """A liveness line: on stderr, where a person reading the job log sees it (with
         ``--json > file`` too). Never raises: it is called from a timer."""
         if not self.closed:
@@ -381,14 +381,15 @@ class JsonOutput(Output):
     def show(self, event: AgentEvent) -> None:
         self.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
 
-    def progress(self, text: str, event: Mapping[str, Any]) -> None:
+    def progress(self, text: str, event: RunProgress) -> None:
         """The line on stderr, and for a silent tool call a live ``run/progress`` event on stdout
         for a program (or a job log) that reads it: never a log record. Start-up is said on
         stderr only: the first line on stdout is the session's first record, always."""
         super().progress(text, event)
-        if event.get("phase") != "tool":
+        if not isinstance(event, ToolProgress):
             return
-        line = {k: round(v, 3) if isinstance(v, float) else v for k, v in event.items()}
+        # Through the codec, its seconds to the millisecond.
+        line = {k: round(v, 3) if isinstance(v, float) else v for k, v in event.to_json().items()}
         # _emit, not write: a closed stdout or a write error is left for the next event's write
         # to raise, on the view's task rather than in a timer.
         self._emit(json.dumps(line, ensure_ascii=False) + "\n", whole=False)
