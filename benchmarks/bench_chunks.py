@@ -65,8 +65,8 @@ async def _run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         async def drain() -> None:
             assert events is not None
             async for item in events:
-                seen[str(item.get("type"))] += 1
-                if item.get("type") == "turn/end":
+                seen[item.type] += 1
+                if item.type == "turn/end":
                     return
 
         async with asyncio.TaskGroup() as tg:

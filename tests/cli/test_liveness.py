@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 
 from andon.base import ManualClock
-from andon.cli._liveness import Liveness, span
+from andon.cli._liveness import Liveness, RunProgress, span
+from andon.session import (
+    Record,
+    SubagentEvent,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolStarted,
+    TurnStart,
+)
 from tests.cli.support import ANDON, env, records, script
 
 
@@ -26,17 +35,27 @@ class Lines:
         self.text: list[str] = []
         self.events: list[dict[str, Any]] = []
 
-    def __call__(self, text: str, event: dict[str, Any]) -> None:
+    def __call__(self, text: str, event: RunProgress) -> None:
         self.text.append(text)
-        self.events.append(event)
+        self.events.append(event.to_json())  # what --json prints, but for the rounding
 
 
-def call(kind: str, call_id: str = "c1-1-1") -> dict[str, Any]:
-    return {"type": kind, "data": {"call_id": call_id}}
+_SEQ = iter(range(1_000_000))
 
 
-def output(call_id: str = "c1-1-1") -> dict[str, Any]:
-    return {"type": "tool/output", "call_id": call_id, "text": "building…\n"}
+def call(kind: str, call_id: str = "c1-1-1") -> Record:
+    data: ToolCall | ToolStarted | ToolResult
+    if kind == "tool/call":
+        data = ToolCall(1, 1, call_id, "bash", "{}")
+    elif kind == "tool/started":
+        data = ToolStarted(1, 1, call_id, "w1", "host", 4242, 4242, 1.0)
+    else:
+        data = ToolResult(1, 1, call_id, "[exit code 0]", False, 1.0)
+    return Record(next(_SEQ), 1.0, data)
+
+
+def output(call_id: str = "c1-1-1") -> ToolOutput:
+    return ToolOutput(call_id, "building…\n")
 
 
 async def advance(clock: ManualClock, seconds: float) -> None:
@@ -76,7 +95,8 @@ async def test_a_silent_tool_is_said_every_interval_until_its_result() -> None:
         "elapsed": 150.0,
         "silent": 150.0,
     }
-    live.feed({"type": "tool/result", "data": {"call_id": "c1-1-1", "content": "[exit code 0]"}})
+    assert list(lines.events[-1]) == ["type", "phase", "call_id", "elapsed", "silent"]
+    live.feed(call("tool/result"))
     await advance(clock, 300)
     assert len(lines.text) == 5  # the call is over: not another word
     assert clock.sleepers == 0  # and no timer left behind
@@ -104,12 +124,27 @@ async def test_no_output_yet_and_a_call_that_waits_for_a_worker_are_said_as_such
     live.feed(call("tool/started", "c1-1-1"))
     live.feed(call("tool/call", "c1-1-2"))  # no worker free for it yet
     live.feed(call("tool/call", "c1-1-3"))  # a subagent: no tool/started, its own events
-    live.feed({"type": "subagent/event", "call_id": "c1-1-3", "event": {"type": "turn/start"}})
+    live.feed(SubagentEvent("c1-1-3", Record(0, 1.0, TurnStart(1))))
     await advance(clock, 30)
     assert sorted(lines.text) == [
         "c1-1-1 still running: 30s, no output yet",
         "c1-1-2 still waiting for a tool worker: 30s",
         "c1-1-3 still running: 30s, no output yet",
+    ]
+    # Each line's JSON keys in the order --json prints them.
+    assert sorted(lines.events, key=lambda e: str(e["call_id"])) == [
+        {"type": "run/progress", "phase": "tool", "call_id": "c1-1-1", "elapsed": 30.0},
+        {
+            "type": "run/progress",
+            "phase": "tool",
+            "call_id": "c1-1-2",
+            "waiting": "worker",
+            "elapsed": 30.0,
+        },
+        {"type": "run/progress", "phase": "tool", "call_id": "c1-1-3", "elapsed": 30.0},
+    ]
+    assert [list(e) for e in lines.events if e["call_id"] == "c1-1-2"] == [
+        ["type", "phase", "call_id", "waiting", "elapsed"]
     ]
     live.close()
 
@@ -128,6 +163,7 @@ async def test_a_slow_start_is_said_after_5_s_then_every_interval_until_ready() 
         "elapsed": 5.0,
         "waiting_for": "the tool workers to start",
     }
+    assert list(lines.events[0]) == ["type", "phase", "elapsed", "waiting_for"]
     await advance(clock, 30)
     assert lines.text[-1] == "still starting: 35s (waiting for the tool workers to start)"
     live.ready()

@@ -270,8 +270,15 @@ def test_max_tokens_exits_4(tmp_path: Path) -> None:
 )
 def test_exit_code_follows_the_last_turn_end(reason: dict[str, Any], code: int) -> None:
     from andon.cli._run import exit_code_for
+    from andon.session import reason_from_json
 
-    assert exit_code_for(reason) == code
+    assert exit_code_for(reason_from_json(reason)) == code
+
+
+def test_no_turn_is_a_success() -> None:
+    from andon.cli._run import exit_code_for
+
+    assert exit_code_for(None) == 0
 
 
 MISTAKES = {

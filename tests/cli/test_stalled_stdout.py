@@ -142,7 +142,7 @@ def test_a_tool_timeout_fires_while_stdout_is_not_read(tmp_path: Path, killer: l
 
 @pytest.mark.timeout(30)
 def test_past_the_bound_whole_lines_are_dropped_and_a_forced_line_kept() -> None:
-    from andon.cli._output import Writer
+    from andon.cli._writer import Writer
 
     r, w = os.pipe()
     writer = Writer(w, limit=4096)
@@ -171,7 +171,7 @@ def test_past_the_bound_whole_lines_are_dropped_and_a_forced_line_kept() -> None
 def test_a_reader_gone_is_reported_from_the_writer_thread() -> None:
     import threading
 
-    from andon.cli._output import Writer
+    from andon.cli._writer import Writer
 
     r, w = os.pipe()
     os.close(r)

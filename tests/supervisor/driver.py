@@ -11,6 +11,7 @@ import sys
 import andon
 from andon.fleet import WorkerPoolConfig
 from andon.llm import Scripted
+from andon.session import ToolOutput
 
 
 async def main(folder: str) -> None:
@@ -31,7 +32,7 @@ async def main(folder: str) -> None:
         stream = agent.events()
         agent.followup("deploy")
         async for item in stream:
-            if item.get("type") == "tool/output" and "started" in item.get("text", ""):
+            if isinstance(item, ToolOutput) and "started" in item.text:
                 print("ready", flush=True)
         await agent.when_idle()
 

@@ -9,6 +9,7 @@ import sys
 import andon
 from andon.fleet import WorkerPoolConfig
 from andon.llm import Scripted
+from andon.session import SubagentEvent
 from andon.supervisor import subagent_tool
 from tests.supervisor.support import CHILD_SLOW, DELEGATE
 from tests.workers.pytools import registry
@@ -26,8 +27,7 @@ async def main(folder: str) -> None:
         stream = agent.events()
         agent.followup("delegate")
         async for item in stream:
-            event = item.get("event", {})
-            if item.get("type") == "subagent/event" and event.get("type") == "tool/started":
+            if isinstance(item, SubagentEvent) and item.event.type == "tool/started":
                 print("ready", flush=True)
         await agent.when_idle()
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import andon
 from andon.base import GracePolicy, message_id, session_id
@@ -17,10 +17,15 @@ from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Model, Scripted
 from andon.session import (
     FORMAT_VERSION,
+    AgentError,
+    AgentEvent,
     InboxSpliced,
+    LiveEvent,
     ModelInfo,
+    Record,
     SessionLog,
     SessionStart,
+    ToolOutput,
     UserMessage,
     check,
     history,
@@ -30,36 +35,58 @@ from andon.supervisor import Agent, ToolExecutor
 from andon.workers import ToolRegistry
 from tests.workers.pytools import registry as test_registry
 
+L = TypeVar("L", bound=LiveEvent)
+
 
 class Watcher:
     """Collects an agent's events from subscription on; tests wait on predicates over them."""
 
     def __init__(self, agent: Agent) -> None:
-        self.items: list[dict[str, Any]] = []
+        self.items: list[AgentEvent] = []
         self._changed = asyncio.Event()
         # events() subscribes at the call, so nothing between here and the task's start is lost.
         self._task = asyncio.create_task(self._collect(agent.events()))
 
-    async def _collect(self, stream: AsyncIterator[dict[str, Any]]) -> None:
+    async def _collect(self, stream: AsyncIterator[AgentEvent]) -> None:
         async for item in stream:
             self.items.append(item)
             self._changed.set()
             self._changed = asyncio.Event()
 
-    async def wait(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    async def wait(self, predicate: Callable[[AgentEvent], bool]) -> AgentEvent:
         while True:
             for item in self.items:
                 if predicate(item):
                     return item
             await self._changed.wait()
 
-    async def wait_type(self, type_: str, **data: Any) -> dict[str, Any]:
-        return await self.wait(
-            lambda r: (
-                r.get("type") == type_
-                and all(r.get("data", {}).get(k) == v for k, v in data.items())
+    async def wait_type(self, type_: str, **data: Any) -> AgentEvent:
+        """The first event of type ``type_`` (``tool/started``, ``assistant/delta``) with these
+        attribute values (a record's on its data)."""
+
+        def matches(event: AgentEvent) -> bool:
+            fields = event.data if isinstance(event, Record) else event
+            return event.type == type_ and all(
+                getattr(fields, k, None) == v for k, v in data.items()
             )
-        )
+
+        return await self.wait(matches)
+
+    async def wait_output(self, text: str) -> ToolOutput:
+        """The first live ``tool/output`` that contains ``text``."""
+        found = await self.wait(lambda r: isinstance(r, ToolOutput) and text in r.text)
+        assert isinstance(found, ToolOutput)
+        return found
+
+    async def wait_error(self) -> AgentError:
+        """The first live ``agent/error``."""
+        found = await self.wait(lambda r: isinstance(r, AgentError))
+        assert isinstance(found, AgentError)
+        return found
+
+    def live(self, cls: type[L]) -> list[L]:
+        """The live events of class ``cls`` seen so far, in order."""
+        return [item for item in self.items if isinstance(item, cls)]
 
     async def close(self) -> None:
         self._task.cancel()

@@ -25,7 +25,7 @@ async def test_a_time_budget_stops_a_long_tool_and_the_next_turn_runs(tmp_path: 
     async with agent_for(tmp_path, replies, hooks=[TurnBudget(seconds=30)], clock=clock) as agent:
         watcher = Watcher(agent)
         agent.followup("build")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         clock.advance(30)
         await agent.when_idle()
         agent.followup("again")
@@ -50,7 +50,7 @@ async def test_a_stale_budget_never_touches_a_later_turn(tmp_path: Path) -> None
         await agent.when_idle()
         clock.advance(4.9)  # turn 1's budget would fire at +5
         agent.followup("two")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         clock.advance(0.2)  # past turn 1's deadline, well before turn 2's
         await asyncio.sleep(0.05)  # sleep-ok: proving an absence (no cancel fires)
         assert agent.status == "running"

@@ -8,6 +8,7 @@ from typing import Any
 
 from andon.base import GracePolicy, User
 from andon.llm import Scripted
+from andon.session import AssistantDelta
 from andon.testing import benchmark_tree
 from tests.supervisor.support import Watcher, agent_for, assert_sound, kinds, records, turn_ends
 from tests.support import session_leftovers
@@ -32,9 +33,7 @@ async def test_cancel_mid_stream_salvages_the_visible_prefix(tmp_path: Path) -> 
         watcher = Watcher(agent)
         agent.followup("fix it")
         # The first visible text, live (assistant/delta): its chunk record may still be buffered.
-        await watcher.wait(
-            lambda r: r.get("type") == "assistant/delta" and r["delta"]["type"] == "text"
-        )
+        await watcher.wait(lambda r: isinstance(r, AssistantDelta) and r.delta["type"] == "text")
         agent.cancel(User())
         await agent.when_idle()
         agent.followup("go on")
@@ -48,8 +47,7 @@ async def test_cancel_mid_stream_salvages_the_visible_prefix(tmp_path: Path) -> 
     # Every delta that was shown is in the log, before the salvaged prefix.
     i = next(n for n, r in enumerate(recs) if r["type"] == "assistant/message")
     logged = [d for r in recs[:i] if r["type"] == "assistant/chunk" for d in r["data"]["deltas"]]
-    live = watcher.items
-    shown = [e["delta"] for e in live if e.get("type") == "assistant/delta" and e["turn"] == 1]
+    shown = [e.delta for e in watcher.live(AssistantDelta) if e.turn == 1]
     assert "".join(d["text"] for d in logged) == "".join(d["text"] for d in shown)
     shown_text = "".join(d["text"] for d in shown if d["type"] == "text")
     assert shown_text == salvaged["message"]["content"][0]["text"]
@@ -132,9 +130,7 @@ async def test_cancel_while_bash_runs_the_tree_ends_after_the_tree_is_gone(
     async with agent_for(tmp_path / "s", replies, grace=grace) as agent:
         watcher = Watcher(agent)
         agent.followup("build")
-        await watcher.wait(
-            lambda r: r.get("type") == "tool/output" and "ready" in r.get("text", "")
-        )
+        await watcher.wait_output("ready")
         agent.cancel(User())
         await agent.when_idle()
         await watcher.close()
@@ -172,7 +168,7 @@ async def test_wake_latch_replays_a_followup_sent_while_the_turn_unwinds(
     async with agent_for(tmp_path, replies, grace=grace) as agent:
         watcher = Watcher(agent)
         agent.followup("one")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         agent.followup("A (queued before the cancel)")
         agent.cancel(User(), keep_inbox=True)
         await watcher.wait_type("tool/signal", stage="interrupt")
@@ -215,7 +211,7 @@ async def test_plain_cancel_after_the_latch_clears_it(tmp_path: Path) -> None:
     async with agent_for(tmp_path, replies, grace=grace) as agent:
         watcher = Watcher(agent)
         agent.followup("one")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         agent.cancel(User(), keep_inbox=True)
         await watcher.wait_type("tool/signal", stage="interrupt")
         agent.followup("B")
@@ -246,7 +242,7 @@ async def test_a_steer_after_the_abort_becomes_a_followup(tmp_path: Path) -> Non
     async with agent_for(tmp_path, replies, grace=grace) as agent:
         watcher = Watcher(agent)
         agent.followup("one")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         agent.cancel(User(), keep_inbox=True)
         agent.steer("actually, do this instead")
         await agent.when_idle()

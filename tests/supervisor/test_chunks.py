@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +28,7 @@ from andon.llm import (
     ToolCallDelta,
     Usage,
 )
+from andon.session import AssistantDelta
 from andon.supervisor._reply import CHUNK_FLUSH_AFTER, CHUNK_FLUSH_BYTES, ChunkLog
 from tests.supervisor.support import Watcher, agent_for, assert_sound, records
 
@@ -38,7 +39,7 @@ def _chunk_records(folder: Path) -> list[dict[str, Any]]:
     return [r for r in records(folder) if r["type"] == "assistant/chunk"]
 
 
-def _text(deltas: list[dict[str, Any]], kind: str = "text") -> str:
+def _text(deltas: Sequence[Mapping[str, Any]], kind: str = "text") -> str:
     return "".join(d["text"] for d in deltas if d["type"] == kind)
 
 
@@ -63,14 +64,14 @@ async def test_a_long_reply_is_a_few_records_and_every_delta_live(tmp_path: Path
     assert [d["type"] for d in chunks[0]["data"]["deltas"]] == ["reasoning", "text"]
     assert all(len(r["data"]["deltas"]) == 1 for r in chunks[1:])
     # live: one event per fragment, in order, never merged, before its record
-    live = [e for e in watcher.items if e.get("type") == "assistant/delta"]
+    live = watcher.live(AssistantDelta)
     assert len(live) == -(-len("first think") // 4) + -(-len(text) // 4)  # ceil: the fragments
-    assert all("seq" not in e for e in live)
-    assert {(e["turn"], e["step"], e["attempt"]) for e in live} == {(1, 1, 1)}
-    assert _text([e["delta"] for e in live]) == text
-    assert all(len(e["delta"]["text"]) <= 4 for e in live)
-    first_record = next(i for i, e in enumerate(watcher.items) if e["type"] == "assistant/chunk")
-    first_live = next(i for i, e in enumerate(watcher.items) if e["type"] == "assistant/delta")
+    assert all("seq" not in e.to_dict() for e in live)
+    assert {(e.turn, e.step, e.attempt) for e in live} == {(1, 1, 1)}
+    assert _text([e.delta for e in live]) == text
+    assert all(len(e.delta["text"]) <= 4 for e in live)
+    first_record = next(i for i, e in enumerate(watcher.items) if e.type == "assistant/chunk")
+    first_live = next(i for i, e in enumerate(watcher.items) if e.type == "assistant/delta")
     assert first_live < first_record
     # the records come before assistant/message, which holds the same text
     kinds = [r["type"] for r in records(tmp_path)]
@@ -91,7 +92,7 @@ async def test_a_stalled_model_has_its_delta_logged_16_ms_later(tmp_path: Path) 
         clock.advance(CHUNK_FLUSH_AFTER)
         record = await watcher.wait_type("assistant/chunk")
         assert agent.status == "running"  # still streaming (stalled): the timer wrote it
-        assert record["data"]["deltas"] == [{"type": "text", "text": "one word"}]
+        assert record.to_dict()["data"]["deltas"] == [{"type": "text", "text": "one word"}]
         agent.cancel(User())
         await agent.when_idle()
         await watcher.close()
@@ -108,9 +109,7 @@ async def test_a_cancel_logs_every_shown_delta_before_the_salvaged_prefix(tmp_pa
     async with agent_for(tmp_path, replies, clock=clock) as agent:
         watcher = Watcher(agent)
         agent.followup("go")
-        await watcher.wait(
-            lambda e: sum(x.get("type") == "assistant/delta" for x in watcher.items) == 7
-        )
+        await watcher.wait(lambda e: len(watcher.live(AssistantDelta)) == 7)
         assert _chunk_records(tmp_path) == []
         agent.cancel(User())
         await agent.when_idle()
@@ -119,7 +118,7 @@ async def test_a_cancel_logs_every_shown_delta_before_the_salvaged_prefix(tmp_pa
     kinds = [r["type"] for r in recs]
     i = kinds.index("assistant/chunk")
     assert kinds[i : i + 4] == ["assistant/chunk", "assistant/message", "step/end", "turn/end"]
-    shown = "".join(e["delta"]["text"] for e in watcher.items if e["type"] == "assistant/delta")
+    shown = "".join(e.delta["text"] for e in watcher.live(AssistantDelta))
     assert recs[i]["data"]["deltas"] == [{"type": "text", "text": shown}]
     assert recs[i + 1]["data"]["message"]["content"] == [{"type": "text", "text": shown}]
     assert_sound(tmp_path)
@@ -254,7 +253,7 @@ class _Host:
 
     def __init__(self, clock: ManualClock) -> None:
         self.written: list[Any] = []
-        self.live: list[dict[str, Any]] = []
+        self.live: list[AssistantDelta] = []
         self.clock = clock
         self.log = SimpleNamespace(write=self.written.append, publish=self.live.append)
 
@@ -276,7 +275,7 @@ async def test_the_deadline_is_also_checked_at_each_delta() -> None:
     log.add(TextDelta("c").to_dict())
     log.close()
     assert _deltas(host)[1:] == [[{"type": "text", "text": "c"}]]
-    assert [e["delta"]["text"] for e in host.live] == ["a", "b", "c"]
+    assert [e.delta["text"] for e in host.live] == ["a", "b", "c"]
     assert clock.sleepers == 0  # no timer is left behind
 
 
@@ -318,7 +317,7 @@ async def test_merging_keeps_what_a_fold_of_the_deltas_gives() -> None:
     chunk = host.written[0]
     assert (chunk.turn, chunk.step, chunk.attempt) == (2, 3, 2)
     # live events are the deltas as they arrived, untouched by the merge
-    assert [e["delta"] for e in host.live] == [c.to_dict() for c in chunks]
+    assert host.live == [AssistantDelta(2, 3, 2, c.to_dict()) for c in chunks]
 
 
 async def test_the_size_rule_counts_utf8_bytes() -> None:

@@ -48,7 +48,7 @@ async def test_disposal_clears_the_queue_durably(tmp_path: Path) -> None:
     async with agent_for(tmp_path, [BLOCKING]) as agent:
         watcher = Watcher(agent)
         agent.followup("first")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         agent.followup("tail")  # queued behind the running turn
         await watcher.close()
     # Leaving the block is cancel(Disposed()): the queued follow-up is discarded on record.
@@ -150,9 +150,9 @@ async def test_a_raising_post_tool_hook_gives_each_call_one_result(tmp_path: Pat
         watcher = Watcher(agent)
         agent.followup("go")
         await agent.when_idle()
-        error = await watcher.wait(lambda r: r.get("type") == "agent/error")
+        error = await watcher.wait_error()
         await watcher.close()
-    assert "audit sink is down" in error["error"]["message"]
+    assert "audit sink is down" in error.message
     ids = [r["call_id"] for r in results(tmp_path)]
     assert ids == ["c1-1-1", "c1-1-2"]  # one result each: none written twice
     assert seen == ["c1-1-1"]  # the hook failed the turn: no hook after the failure
@@ -221,7 +221,7 @@ async def test_on_request_error_replaces_the_retry_decision(tmp_path: Path) -> N
         await agent.when_idle()
         agent.followup("two")
         await agent.when_idle()
-        error = await watcher.wait(lambda r: r.get("type") == "agent/error")
+        error = await watcher.wait_error()
         await watcher.close()
     assert asked == [("BAD_REQUEST", 1), ("SERVER", 1)]
     kinds = [r["type"] for r in records(tmp_path) if r["type"].startswith("llm/")]
@@ -229,7 +229,7 @@ async def test_on_request_error_replaces_the_retry_decision(tmp_path: Path) -> N
     ends = turn_ends(tmp_path)
     assert ends[0] == {"kind": "completed"}
     assert ends[1]["kind"] == "error" and ends[1]["error"]["code"] == "SERVER"
-    assert error["error"]["code"] == "SERVER"  # a model failure is reported live too
+    assert error.code == "SERVER"  # a model failure is reported live too
     assert_sound(tmp_path)
 
 
@@ -250,9 +250,9 @@ async def test_a_model_failure_is_reported_as_agent_error(tmp_path: Path) -> Non
         watcher = Watcher(agent)
         agent.followup("one")
         await agent.when_idle()
-        error = await watcher.wait(lambda r: r.get("type") == "agent/error")
+        error = await watcher.wait_error()
         await watcher.close()
-    assert error["error"]["code"] == "AUTH"
+    assert error.code == "AUTH"
     assert turn_ends(tmp_path)[0]["error"]["code"] == "AUTH"
 
 

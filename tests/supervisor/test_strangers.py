@@ -15,6 +15,7 @@ import andon
 from andon.base import GracePolicy, User
 from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import Scripted
+from andon.session import AgentEvent, ToolOutput
 from tests.supervisor.support import Watcher, records, turn_ends
 from tests.support import fifo_in, gated, open_gate, session_leftovers
 from tests.workers.pytools import registry as make_registry
@@ -25,8 +26,8 @@ def bash(command: str) -> dict[str, object]:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
 
 
-def is_ready(item: dict[str, object]) -> bool:
-    return item.get("type") == "tool/output" and "ready" in str(item.get("text", ""))
+def is_ready(item: AgentEvent) -> bool:
+    return isinstance(item, ToolOutput) and "ready" in item.text
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from andon.base import User
 from andon.llm import Scripted
-from andon.session import check, load, read
+from andon.session import SubagentEvent, check, load, read
 from andon.supervisor import subagent_tool
 from tests.supervisor.support import (
     CHILD_SLOW,
@@ -54,7 +54,7 @@ async def test_cancelling_the_parent_stops_the_child_and_its_tool(tmp_path: Path
         watcher = Watcher(agent)
         agent.followup("delegate it")
         await watcher.wait(
-            lambda r: r.get("type") == "subagent/event" and r["event"].get("type") == "tool/started"
+            lambda r: isinstance(r, SubagentEvent) and r.event.type == "tool/started"
         )
         agent.cancel(User())
         await agent.when_idle()

@@ -36,7 +36,7 @@ async def _timed_out_at(
     async with agent_for(tmp_path, [reply, {"text": "done"}], clock=clock, **options) as agent:
         watcher = Watcher(agent)
         agent.followup("build")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         clock.advance(deadline)
         await agent.when_idle()
         await watcher.close()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from andon.base import AgentClosed, Disposed, Parent, User
-from andon.session import read
+from andon.session import AgentStatus, read
 from andon.supervisor import Enter, Reject
 from tests.supervisor.support import (
     Watcher,
@@ -54,8 +54,8 @@ async def test_three_followups_in_one_tick_are_three_turns(tmp_path: Path) -> No
         agent.followup("b")
         agent.followup("c")
         await agent.when_idle()
-        await watcher.wait(lambda r: r.get("type") == "agent/status" and r["status"] == "idle")
-        statuses = [r["status"] for r in watcher.items if r.get("type") == "agent/status"]
+        await watcher.wait(lambda r: r == AgentStatus("idle"))
+        statuses = [r.status for r in watcher.live(AgentStatus)]
         await watcher.close()
     recs = records(tmp_path)
     users = [r["data"]["message"]["content"] for r in recs if r["type"] == "user/message"]
@@ -143,7 +143,7 @@ async def test_first_cause_wins(tmp_path: Path) -> None:
         agent.cancel(User())
         await agent.when_idle()
         agent.followup("two")
-        await watcher.wait(lambda r: r.get("type") == "assistant/chunk" and r["data"]["turn"] == 2)
+        await watcher.wait_type("assistant/chunk", turn=2)
         agent.cancel(User())
         await watcher.close()
     # the second turn is then disposed: its first cause (user) stays

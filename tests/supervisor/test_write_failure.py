@@ -42,13 +42,13 @@ async def test_a_failed_append_stops_the_turn_and_every_later_send(tmp_path: Pat
     async with agent_on(log, model, tmp_path) as agent:
         watcher = Watcher(agent)
         agent.followup("go")
-        await watcher.wait(lambda r: r.get("type") == "tool/output" and "ready" in r["text"])
+        await watcher.wait_output("ready")
         disk.fail = True  # the disk fills while the tool runs
         agent.cancel(User())  # the tool/result can no longer be written
         with pytest.raises(LogWriteFailed):
             await agent.when_idle()
-        error = await watcher.wait(lambda r: r.get("type") == "agent/error")
-        assert error["error"]["code"] == "LOG_WRITE_FAILED"
+        error = await watcher.wait_error()
+        assert error.code == "LOG_WRITE_FAILED"
         with pytest.raises(LogWriteFailed):
             agent.followup("more")
         await agent.aclose()

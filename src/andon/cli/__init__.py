@@ -75,10 +75,10 @@ def main() -> int:
 def _leave(code: int) -> None:
     # What the output's writer threads still hold (the last stderr lines, say) goes out first,
     # within their own bounds: os._exit runs no atexit hook.
-    output = sys.modules.get("andon.cli._output")
-    if output is not None:
+    writer = sys.modules.get("andon.cli._writer")
+    if writer is not None:
         with contextlib.suppress(Exception):
-            output.drain_writers()
+            writer.drain_writers()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken stream: nothing to save
             stream.flush()

@@ -27,7 +27,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 from andon.base import ConfigError, Disposed, User
 from andon.cli._settings import Settings, add_agent_options, resolve
 from andon.cli._term import TermOutput, to_ansi
+from andon.session import AgentEvent, InboxSpliced, Record, TurnEnd
 
 if TYPE_CHECKING:
     from andon.cli._setup import JobBase
@@ -106,15 +107,16 @@ class _Chat:
     def running(self) -> bool:
         return self.agent is not None and self.agent.status == "running"
 
-    def fold(self, event: Mapping[str, Any]) -> None:
+    def fold(self, event: AgentEvent) -> None:
         """Keep the visible queue in step with the inbox splices; a turn's end ends a stop."""
-        data = event.get("data") or {}
-        if event.get("type") == "agent/inbox/spliced":
-            target = str(data.get("target"))
-            n = self.queue.get(target, 0) + len(data.get("inserted") or ())
-            self.queue[target] = max(0, n - int(data.get("removed_count") or 0))
-        elif event.get("type") == "turn/end":
-            self.stops = 0
+        match event:
+            case Record(data=InboxSpliced(target=target, inserted=inserted) as splice):
+                n = self.queue[target] + len(inserted)
+                self.queue[target] = max(0, n - splice.removed)
+            case Record(data=TurnEnd()):
+                self.stops = 0
+            case _:
+                pass
         self.invalidate()
 
     def invalidate(self) -> None:
@@ -182,7 +184,7 @@ async def _chat(job: _Job) -> int:
     from prompt_toolkit.patch_stdout import patch_stdout
     from rich.console import Console
 
-    import andon
+    from andon.supervisor import open_agent
 
     loop = asyncio.get_running_loop()
     width = shutil.get_terminal_size().columns
@@ -210,9 +212,9 @@ async def _chat(job: _Job) -> int:
         context_window=await context_window_for(job.settings, job.base.model),
     )
     try:
-        async with andon.open_agent(job.session, **options) as agent:
+        async with open_agent(job.session, **options) as agent:
             events = agent.events(since_seq=job.base.since_seq)
-            render = asyncio.create_task(_render(events, chat))
+            shown = asyncio.create_task(_show_events(events, chat))
             chat.agent = agent
             bindings = KeyBindings()
 
@@ -252,7 +254,7 @@ async def _chat(job: _Job) -> int:
         for signum in _HANDLED:
             loop.remove_signal_handler(signum)
     with contextlib.suppress(asyncio.CancelledError):
-        await render
+        await shown
     code = 128 + chat.signal_first if chat.signal_first is not None else 0
     out.summary(
         {
@@ -338,7 +340,7 @@ async def _compact(chat: _Chat) -> None:
         chat.invalidate()
 
 
-async def _render(events: Any, chat: _Chat) -> None:
+async def _show_events(events: AsyncIterator[AgentEvent], chat: _Chat) -> None:
     async for event in events:
         chat.out.feed(event)
         chat.fold(event)

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from andon.base import Disposed, User
-from andon.cli._output import Output, drain_writers, say
+from andon.cli._output import Output, say
 from andon.cli._signals import LEDGER, record_only
+from andon.cli._writer import drain_writers
 
 __all__ = ["HoldingLoop", "LoopSignals"]
 

@@ -16,13 +16,23 @@ These are live lines only: nothing here is written to the session log. Timers ar
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Annotated, ClassVar, Final, Literal, TypeAlias
 
-from andon.base import Clock, SystemClock, Timer
+from andon.base import Clock, SystemClock, Timer, shape
+from andon.session import (
+    AgentEvent,
+    LogValue,
+    Record,
+    SubagentEvent,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolStarted,
+)
 
-__all__ = ["STARTING_AFTER", "Liveness", "span"]
+__all__ = ["STARTING_AFTER", "Liveness", "RunProgress", "StartProgress", "ToolProgress", "span"]
 
 STARTING_AFTER: Final = 5.0
 """Seconds of start-up after which the first "still starting" line is said (or the interval, if
@@ -39,6 +49,35 @@ def span(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+@dataclass(frozen=True, slots=True)
+class StartProgress(LogValue):
+    """``run/progress`` while the run starts: for how long, and what it waits for."""
+
+    elapsed: float
+    waiting_for: Annotated[str | None, shape(omit=True)] = None
+    phase: Literal["starting"] = "starting"
+    json_tag: ClassVar = ("type", "run/progress")
+    json_keys: ClassVar = ("type", "phase", "elapsed", "waiting_for")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolProgress(LogValue):
+    """``run/progress`` of a silent tool call: since when it runs (or waits for a ``worker``),
+    and for how long it has been ``silent`` once it printed something."""
+
+    call_id: str
+    elapsed: float
+    waiting: Annotated[Literal["worker"] | None, shape(omit=True)] = None
+    silent: Annotated[float | None, shape(omit=True)] = None
+    phase: Literal["tool"] = "tool"
+    json_tag: ClassVar = ("type", "run/progress")
+    json_keys: ClassVar = ("type", "phase", "call_id", "waiting", "elapsed", "silent")
+
+
+RunProgress: TypeAlias = StartProgress | ToolProgress
+"""A liveness line as a live event of ``andon run --json`` (docs/ci.md, Liveness in CI logs)."""
+
+
 @dataclass
 class _Call:
     seen: float  # when its tool/call came
@@ -51,13 +90,13 @@ class Liveness:
     """Says a line through ``emit`` while the run starts slowly or a tool call is silent.
 
     ``emit(text, event)`` gets the plain line (without the ``andon:`` prefix) and what it says as
-    a live event (``{"type": "run/progress", ...}``) for renderers that want one. ``interval`` 0
+    a live event (a :data:`RunProgress`) for views that want one. ``interval`` 0
     (or less) says nothing at all."""
 
     def __init__(
         self,
         interval: float,
-        emit: Callable[[str, dict[str, Any]], None],
+        emit: Callable[[str, RunProgress], None],
         *,
         clock: Clock | None = None,
         waiting_for: str | None = None,
@@ -97,50 +136,44 @@ class Liveness:
         now = self.clock.monotonic()
         elapsed = now - self._began
         what = f" (waiting for {self.waiting_for})" if self.waiting_for else ""
-        event: dict[str, Any] = {"type": "run/progress", "phase": "starting", "elapsed": elapsed}
-        if self.waiting_for:
-            event["waiting_for"] = self.waiting_for
+        event = StartProgress(elapsed, self.waiting_for or None)
         self._emit(f"still starting: {span(elapsed)}{what}", event)
         self._starting = self.clock.call_at(now + self.interval, self._still_starting)
 
     # -- tool calls -------------------------------------------------------------------------------
 
-    def feed(self, event: Mapping[str, Any]) -> None:
+    def feed(self, event: AgentEvent) -> None:
         """Follow the tool calls of the event stream (``agent.events()``)."""
         if not self.on:
             return
-        kind = event.get("type")
-        data = event.get("data") or {}
-        if kind == "tool/output":
-            call = self._calls.get(str(event.get("call_id")))
-            if call is not None:
-                call.last_output = self.clock.monotonic()
-            return
-        if kind == "subagent/event":
-            # A subagent is a supervisor tool: no worker takes it and it writes no tool/started,
-            # so its first event says it runs (since it was asked for). Its events are not
-            # printed in the plain view: they are not output.
-            call = self._calls.get(str(event.get("call_id")))
-            if call is not None and call.started is None:
-                call.started = call.seen
-            return
-        if kind not in ("tool/call", "tool/started", "tool/result"):
-            return
-        call_id = str(data.get("call_id"))
         now = self.clock.monotonic()
-        if kind == "tool/call":
-            call = _Call(seen=now)
-            self._calls[call_id] = call
-            self._arm(call_id, call, now + self.interval)
-        elif kind == "tool/started":
-            call = self._calls.get(call_id) or _Call(seen=now)
-            self._calls[call_id] = call
-            if call.started is None:
-                call.started = now
-        else:
-            gone = self._calls.pop(call_id, None)
-            if gone is not None and gone.timer is not None:
-                gone.timer.cancel()
+        match event:
+            case ToolOutput(call_id=call_id):
+                call = self._calls.get(call_id)
+                if call is not None:
+                    call.last_output = now
+            case SubagentEvent(call_id=call_id):
+                # A subagent is a supervisor tool: no worker takes it and it writes no
+                # tool/started, so its first event says it runs (since it was asked for). Its
+                # events are not printed in the plain view: they are not output.
+                call = self._calls.get(call_id)
+                if call is not None and call.started is None:
+                    call.started = call.seen
+            case Record(data=ToolCall(call_id=call_id)):
+                call = _Call(seen=now)
+                self._calls[call_id] = call
+                self._arm(call_id, call, now + self.interval)
+            case Record(data=ToolStarted(call_id=call_id)):
+                call = self._calls.get(call_id) or _Call(seen=now)
+                self._calls[call_id] = call
+                if call.started is None:
+                    call.started = now
+            case Record(data=ToolResult(call_id=call_id)):
+                gone = self._calls.pop(call_id, None)
+                if gone is not None and gone.timer is not None:
+                    gone.timer.cancel()
+            case _:
+                pass  # nothing else says whether a call is alive
 
     def _arm(self, call_id: str, call: _Call, when: float) -> None:
         if call.timer is not None:
@@ -160,16 +193,15 @@ class Liveness:
             self._arm(call_id, call, quiet_since + self.interval)
             return
         elapsed = now - (call.started if call.started is not None else call.seen)
-        event: dict[str, Any] = {"type": "run/progress", "phase": "tool", "call_id": call_id}
         if call.started is None:
-            event.update(waiting="worker", elapsed=now - call.seen)
+            event = ToolProgress(call_id, now - call.seen, waiting="worker")
             text = f"{call_id} still waiting for a tool worker: {span(now - call.seen)}"
         elif call.last_output is None:
-            event.update(elapsed=elapsed)
+            event = ToolProgress(call_id, elapsed)
             text = f"{call_id} still running: {span(elapsed)}, no output yet"
         else:
             silent = now - call.last_output
-            event.update(elapsed=elapsed, silent=silent)
+            event = ToolProgress(call_id, elapsed, silent=silent)
             text = f"{call_id} still running: {span(elapsed)}, last output {span(silent)} ago"
         self._emit(text, event)
         self._arm(call_id, call, now + self.interval)

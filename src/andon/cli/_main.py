@@ -546,20 +546,21 @@ def _check_log(path: Path, *, is_file: bool) -> int:
 
 def _session_summary(folder: Path) -> dict[str, Any]:
     """One ``andon sessions`` entry: read the log (no lock), ask the lock whether it is live."""
-    from andon.session import iter_records, live_holder
+    from andon.session import SessionStart, TurnEnd, TurnStart, iter_records, live_holder
 
     entry: dict[str, Any] = {"session_id": folder.name, "path": str(folder), "started": None}
     entry.update(cwd=None, ended=None, open_turn=None, live=False, pid=None)
     try:
         for record in iter_records(folder):
-            data = record.to_dict().get("data") or {}
-            if record.type == "session/start":
-                entry.update(session_id=data.get("session_id"), cwd=data.get("cwd"))
-                entry["started"] = data.get("created")
-            elif record.type == "turn/start":
-                entry["open_turn"] = data.get("turn")
-            elif record.type == "turn/end":
-                entry.update(open_turn=None, ended=data.get("reason"))
+            match record.data:
+                case SessionStart(session_id=sid, cwd=cwd, created=created):
+                    entry.update(session_id=sid, cwd=cwd, started=created)
+                case TurnStart(turn=turn):
+                    entry["open_turn"] = turn
+                case TurnEnd(reason=reason):
+                    entry.update(open_turn=None, ended=reason.to_json())
+                case _:
+                    pass
     except (AndonError, OSError, ValueError) as e:
         entry["error"] = str(e)
     holder = live_holder(folder)

@@ -1,6 +1,8 @@
 """What ``andon run`` prints while the agent works.
 
-Two renderers over the same event stream (``agent.events()``: log records plus live events):
+Two views of the same event stream (``agent.events()``: log records plus live events, typed as
+:data:`~andon.session.AgentEvent`; the terminal's is ``andon.cli._term``), each a subclass of
+:class:`Output` whose :meth:`~Output.show` matches on the event classes:
 
 * plain text (CI logs, and terminals for now): streamed assistant text on stdout, each tool call on
   one line, its live output indented under it, then its exit status; stopping status lines and
@@ -8,12 +10,12 @@ Two renderers over the same event stream (``agent.events()``: log records plus l
 * ``--json``: exactly one JSON object per line on stdout, nothing else there.
 
 Nothing here writes to a pipe on the event loop's thread: stdout goes through a bounded buffer
-to a writer thread (:class:`Writer`, the second half of this module, which is why it is longer than
-most), and so do diagnostics on stderr when fd 2 is a pipe or a terminal. A reader that stops
-reading (``| less``, Ctrl-S, a back-pressuring log shipper) therefore never stops signals, tool
-timeouts or the grace timeline; past the bound whole stdout lines are dropped (the session log has
-every record), said once on stderr and counted in the summary (``stdout_dropped``, only when not
-zero). The summary waits for stdout to be read, with a bound.
+to a writer thread (``andon.cli._writer``), and so do diagnostics on stderr when fd 2 is a pipe or
+a terminal. A reader that stops reading (``| less``, Ctrl-S, a back-pressuring log shipper)
+therefore never stops signals, tool timeouts or the grace timeline; past the bound whole stdout
+lines are dropped (the session log has every record), said once on stderr and counted in the
+summary (``stdout_dropped``, only when not zero). The summary waits for stdout to be read, with a
+bound.
 
 A closed stdout (``andon run --json | head -1``) raises :class:`StdoutClosed` once, from the next
 write after the writer thread saw EPIPE; the thread has pointed fd 1 at ``/dev/null`` so that
@@ -23,24 +25,54 @@ nothing later (the summary, interpreter shutdown) fails again.
 from __future__ import annotations
 
 import asyncio
-import atexit
-import collections
 import contextlib
-import errno
 import json
 import logging
-import os
-import select
-import stat
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TextIO
+from typing import Any, Final, Literal, TextIO, assert_never
 
-from andon.base import GracePolicy, plural
-from andon.cli._liveness import Liveness
+from andon.base import GracePolicy, Hook, SignalStage, plural
+from andon.cli._liveness import Liveness, RunProgress, ToolProgress
+from andon.cli._writer import Writer, can_stall, settle_others, stderr_writer
+from andon.session import (
+    AgentError,
+    AgentEvent,
+    AgentStatus,
+    AssistantChunk,
+    AssistantDelta,
+    AssistantMessage,
+    Blocked,
+    Completed,
+    ContextCompacted,
+    ContextTrimmed,
+    EventData,
+    InboxSpliced,
+    Interrupted,
+    LlmRequest,
+    LlmRetry,
+    MaxTokens,
+    Record,
+    SessionRepaired,
+    SessionResumed,
+    SessionStart,
+    StepEnd,
+    StepStart,
+    SubagentEvent,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolSignal,
+    ToolStarted,
+    TurnAborted,
+    TurnEnd,
+    TurnEndReason,
+    TurnFailed,
+    TurnStart,
+    Unrecognized,
+    UserMessageEntered,
+)
 
 __all__ = [
     "JsonOutput",
@@ -49,15 +81,14 @@ __all__ = [
     "StdoutClosed",
     "TextOutput",
     "Tracker",
-    "Writer",
-    "drain_writers",
+    "describe_end",
     "install_log_handler",
     "say",
     "summary_text",
 ]
 
 _TAIL_LINES: Final = 8
-_STAGE_NAMES: Final = {
+_STAGE_NAMES: Final[Mapping[SignalStage, str]] = {
     "interrupt": "SIGINT",
     "term": "SIGTERM",
     "kill": "SIGKILL",
@@ -117,40 +148,38 @@ def say(text: str) -> None:
 
 @dataclass
 class Tracker:
-    """What every renderer needs to know: calls in flight and how the last turn ended (and, for
-    the summary, what the model said last)."""
+    """What every view needs to know: calls in flight and how the last turn ended (and, for the
+    summary, what the model said last)."""
 
     in_flight: dict[str, int | None] = field(default_factory=dict)  # call_id -> pgid
-    last_end: dict[str, Any] | None = None
+    last_end: TurnEndReason | None = None
     turns: int = 0
     tool_calls: int = 0
     final_text: str | None = None  # the text blocks of the last assistant/message, joined
 
-    def feed(self, event: Mapping[str, Any]) -> None:
-        data = event.get("data") or {}
-        match event.get("type"):
-            case "tool/call":
+    def feed(self, event: AgentEvent) -> None:
+        if not isinstance(event, Record):
+            return  # only records change what is tracked
+        match event.data:
+            case ToolCall(call_id=call_id):
                 self.tool_calls += 1
-                self.in_flight[data["call_id"]] = None
-            case "tool/started":
-                self.in_flight[data["call_id"]] = data.get("pgid")
-            case "tool/result":
-                self.in_flight.pop(data.get("call_id", ""), None)
-            case "turn/end":
+                self.in_flight[call_id] = None
+            case ToolStarted(call_id=call_id, pgid=pgid):
+                self.in_flight[call_id] = pgid
+            case ToolResult(call_id=call_id):
+                self.in_flight.pop(call_id, None)
+            case TurnEnd(reason=reason):
                 self.turns += 1
-                self.last_end = data.get("reason")
-            case "assistant/message":
-                content = (data.get("message") or {}).get("content") or ()
-                self.final_text = "".join(
-                    str(block.get("text", "")) for block in content if block.get("type") == "text"
-                )
+                self.last_end = reason
+            case AssistantMessage(message=message):
+                self.final_text = message.text
             case _:
-                pass
+                pass  # the views match every class; the tracker only these
 
 
 class Output:
-    """Base renderer: writes to stdout through a writer thread, turns EPIPE into
-    :class:`StdoutClosed`."""
+    """Base view: shows each event (:meth:`show`), writes to stdout through a writer thread, turns
+    EPIPE into :class:`StdoutClosed`."""
 
     def __init__(self, grace: GracePolicy, stream: TextIO | None = None) -> None:
         self.grace = grace
@@ -171,7 +200,7 @@ class Output:
         self.liveness = Liveness(interval, self.progress)
         return self.liveness
 
-    def progress(self, text: str, event: Mapping[str, Any]) -> None:
+    def progress(self, text: str, event: RunProgress) -> None:
         """A liveness line: on stderr, where a person reading the job log sees it (with
         ``--json > file`` too). Never raises: it is called from a timer."""
         if not self.closed:
@@ -288,16 +317,18 @@ class Output:
                 f"{_kib(writer.pending)} (the session log has every record)"
             )
 
-    def feed(self, event: Mapping[str, Any]) -> None:
+    def feed(self, event: AgentEvent) -> None:
+        """Track ``event``, then :meth:`show` it."""
         self.tracker.feed(event)
         if self.liveness is not None:
             self.liveness.feed(event)
         self._raise_if_closed()
-        if event.get("type") == "tool/signal" and not self.closed:  # a closed stdout: quietly
-            self._stopping_stage(event["data"])
-        self.render(event)
+        if isinstance(event, Record) and isinstance(event.data, ToolSignal) and not self.closed:
+            self._stopping_stage(event.data)  # a closed stdout: quietly
+        self.show(event)
 
-    def render(self, event: Mapping[str, Any]) -> None:
+    def show(self, event: AgentEvent) -> None:
+        """Show one event the way this view does."""
         raise NotImplementedError
 
     def summary(self, summary: Mapping[str, Any]) -> None:
@@ -326,37 +357,41 @@ class Output:
         n = len(self.tracker.in_flight)
         say(f"{signame} again: killing {plural(n, 'tool process group')} now")
 
-    def _stopping_stage(self, data: Mapping[str, Any]) -> None:
+    def _stopping_stage(self, data: ToolSignal) -> None:
         # ``at`` counts from the call's start, not the stop's: name the next stage by its delay.
-        stage = str(data.get("stage"))
+        stage = data.stage
         g = self.grace
         waiting = ""
-        if stage in ("interrupt", "timeout-interrupt"):
+        if stage == "interrupt":
             waiting = f"; SIGTERM in {g.term_after:g} s unless it exits"
-        elif stage in ("term", "timeout-term"):
+        elif stage == "term":
             waiting = f"; SIGKILL in {g.kill_after:g} s unless it exits"
         elif stage in ("kill", "sweep-kill"):
             waiting = "; waiting for the kernel to reap them"
         say(
-            f"stopping: {_STAGE_NAMES.get(stage, stage)} sent to "
-            f"{plural(int(data.get('targets') or 0), 'process')} of {data.get('call_id')}{waiting}"
+            f"stopping: {_STAGE_NAMES[stage]} sent to "
+            f"{plural(data.targets, 'process')} of {data.call_id}{waiting}"
         )
 
 
 class JsonOutput(Output):
-    def render(self, event: Mapping[str, Any]) -> None:
-        self.write(json.dumps(event, ensure_ascii=False) + "\n")
+    """``--json``: each event as the JSON object of its class's codec (a record exactly as its
+    log line, docs/log-format.md, Records), one a line."""
 
-    def progress(self, text: str, event: Mapping[str, Any]) -> None:
+    def show(self, event: AgentEvent) -> None:
+        self.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+
+    def progress(self, text: str, event: RunProgress) -> None:
         """The line on stderr, and for a silent tool call a live ``run/progress`` event on stdout
         for a program (or a job log) that reads it: never a log record. Start-up is said on
         stderr only: the first line on stdout is the session's first record, always."""
         super().progress(text, event)
-        if event.get("phase") != "tool":
+        if not isinstance(event, ToolProgress):
             return
-        line = {k: round(v, 3) if isinstance(v, float) else v for k, v in event.items()}
+        # Through the codec, its seconds to the millisecond.
+        line = {k: round(v, 3) if isinstance(v, float) else v for k, v in event.to_json().items()}
         # _emit, not write: a closed stdout or a write error is left for the next event's write
-        # to raise, on the renderer's task rather than in a timer.
+        # to raise, on the view's task rather than in a timer.
         self._emit(json.dumps(line, ensure_ascii=False) + "\n", whole=False)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
@@ -385,91 +420,97 @@ class TextOutput(Output):
             self._mid_line = False
         self.write(text + "\n")
 
-    def render(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        data: Mapping[str, Any] = event.get("data") or {}
-        match kind:
-            case "assistant/chunk":
-                for delta in data.get("deltas", ()):
-                    text = str(delta.get("text", ""))
-                    if not text:
-                        continue
-                    if delta.get("type") == "text":
+    def show(self, event: AgentEvent) -> None:
+        match event:
+            case Record(data=data):
+                self._show_record(data)
+            case ToolOutput(call_id=call_id, text=text):
+                self._saw_output.add(call_id)
+                *lines, self._pending = (self._pending + text).split("\n")
+                for line in lines:
+                    self._line(f"  │ {line}")
+            case AgentError(code=code, message=message):
+                say(f"error {code}: {message}")
+            case AgentStatus() | AssistantDelta() | SubagentEvent():
+                pass  # the chunk records show the text; a subagent's events are not output
+            case _:
+                assert_never(event)
+
+    def _show_record(self, data: EventData) -> None:
+        match data:
+            case AssistantChunk(deltas=deltas):
+                for kind, text in stream_texts(deltas):
+                    if kind == "text":
                         self.write(text)
-                    elif delta.get("type") == "reasoning" and self._tty:
-                        self.write(f"\x1b[2m{text}\x1b[0m")  # dimmed; CI logs leave it out
+                    elif self._tty:
+                        self.write(
+                            f"\x1b[2m{text}\x1b[0m"
+                        )  # dimmed reasoning; CI logs leave it out
                     else:
                         continue
                     self._mid_line = not text.endswith("\n")
-            case "assistant/message":
+            case AssistantMessage():
                 if self._mid_line:
                     self.write("\n")
                     self._mid_line = False
-            case "tool/call":
-                self._line(f"▶ {data.get('call_id')} {data.get('name')} {_args(data)}")
-            case "tool/output":
-                call_id = str(event.get("call_id"))
-                self._saw_output.add(call_id)
-                text = self._pending + str(event.get("text", ""))
-                *lines, self._pending = text.split("\n")
-                for line in lines:
-                    self._line(f"  │ {line}")
-            case "tool/result":
+            case ToolCall(call_id=call_id, name=name, arguments=arguments):
+                self._line(f"▶ {call_id} {name} {show_arguments(arguments)}")
+            case ToolResult():
                 self._result(data)
-            case "turn/end":
-                self._line(f"■ turn {data.get('turn')} ended: {_reason(data.get('reason'))}")
-            case "agent/error":
-                error = event.get("error") or {}
-                say(f"error {error.get('code')}: {error.get('message')}")
-            case "llm/retry":
-                error = data.get("error") or {}
-                say(
-                    f"model request failed ({error.get('code')}: {error.get('message')}); "
-                    f"retrying in {float(data.get('delay') or 0):.1f} s"
-                )
-            case _:
+            case TurnEnd(turn=turn, reason=reason):
+                self._line(f"■ turn {turn} ended: {describe_end(reason)}")
+            case LlmRetry(error=error, delay=delay):
+                say(f"model request failed ({model_error(error)}); retrying in {delay:.1f} s")
+            case (
+                SessionStart()
+                | SessionResumed()
+                | SessionRepaired()
+                | InboxSpliced()
+                | TurnStart()
+                | StepStart()
+                | StepEnd()
+                | UserMessageEntered()
+                | LlmRequest()
+                | ToolStarted()
+                | ToolSignal()  # said on stderr by feed
+                | ContextTrimmed()
+                | ContextCompacted()
+                | Unrecognized()
+            ):
                 pass
+            case _:
+                assert_never(data)
 
-    def _result(self, data: Mapping[str, Any]) -> None:
-        call_id = str(data.get("call_id"))
-        content = str(data.get("content", ""))
-        lines = content.rstrip("\n").split("\n")
-        # The status lines andon appends (`[exit code 2]`, `[stopped: …]`, `[andon stopped …]`).
-        n = 0
-        while n < len(lines) and lines[-1 - n].startswith("[") and lines[-1 - n].endswith("]"):
-            n += 1
-        status = " ".join(lines[len(lines) - n :])
-        body = lines[: len(lines) - n]
+    def _result(self, data: ToolResult) -> None:
+        call_id = data.call_id
+        body, status = split_status(data.content)
         if self._pending:
             self._line(f"  │ {self._pending}")
             self._pending = ""
         if call_id not in self._saw_output:
             for line in body[-_TAIL_LINES:]:
                 self._line(f"  │ {line}")
-        error = data.get("error") or {}
         if not status:
-            status = f"[{error.get('code')}]" if error else "[ok]"
-        duration = data.get("duration")
-        took = f" in {float(duration):.2f} s" if isinstance(duration, int | float) else ""
-        self._line(f"◀ {call_id} {status}{took}")
+            status = f"[{data.error.code}]" if data.error else "[ok]"
+        self._line(f"◀ {call_id} {status} in {data.duration:.2f} s")
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         if self.closed:
             return  # whoever read us went away: dispose quietly
         self.finish(str(summary["session"]))
-        say(summary_text(summary))
+        say(summary_text(summary, self.tracker.last_end))
 
 
-def summary_text(summary: Mapping[str, Any]) -> str:
+def summary_text(summary: Mapping[str, Any], ended: TurnEndReason | None) -> str:
     """The one-line summary a person reads (the plain view's stderr, the terminal view's last
-    line): turns, tool calls, duration, cost when known, how it ended, the exit code, the
-    session."""
+    line): turns, tool calls, duration, cost when known, how the last turn ``ended``, the exit
+    code, the session."""
     cost = summary.get("cost")
     spent = f"{_usd(float(cost['usd']))}, " if isinstance(cost, Mapping) else ""
     return (
         f"{plural(int(summary['turns']), 'turn')}, "
         f"{plural(int(summary['tool_calls']), 'tool call')}, "
-        f"{float(summary['duration']):.1f} s, {spent}ended {_reason(summary['ended'])}, "
+        f"{float(summary['duration']):.1f} s, {spent}ended {describe_end(ended)}, "
         f"exit {summary['exit_code']}; session {summary['session']}"
     )
 
@@ -479,290 +520,63 @@ def _usd(amount: float) -> str:
     return f"${amount:.4f}" if amount >= 0.001 or amount == 0 else f"${amount:.6f}"
 
 
-def _args(data: Mapping[str, Any]) -> str:
-    raw = str(data.get("arguments", ""))
+def show_arguments(raw: str) -> str:
+    """A tool call's arguments on one line: ``$ make -j2`` for a command, else the JSON text,
+    cut at 160 characters."""
     try:
         args = json.loads(raw)
     except ValueError:
         args = None
-    if isinstance(args, dict) and isinstance(args.get("command"), str):
-        text = "$ " + str(args["command"]).strip().replace("\n", " ⏎ ")
-    else:
-        text = raw
+    command = args.get("command") if isinstance(args, dict) else None
+    text = "$ " + command.strip().replace("\n", " ⏎ ") if isinstance(command, str) else raw
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def _reason(reason: Any) -> str:
-    if not isinstance(reason, Mapping):
-        return "(no turn ran)"
-    kind = reason.get("kind")
-    if kind == "aborted":
-        cause = reason.get("reason") or {}
-        extra = f": {cause['reason']}" if cause.get("reason") else ""
-        return f"aborted ({cause.get('kind')}{extra})"
-    if kind == "error":
-        error = reason.get("error") or {}
-        return f"error ({error.get('code')}: {error.get('message')})"
-    if kind == "blocked":
-        return f"blocked by {reason.get('by')}"
-    return str(kind)
+def describe_end(reason: TurnEndReason | None) -> str:
+    """How a turn ended, in the CLI's words (``aborted (hook: too slow)``); ``None``: no turn
+    ran."""
+    match reason:
+        case None:
+            return "(no turn ran)"
+        case TurnAborted(cause=cause):
+            extra = f": {cause.reason}" if isinstance(cause, Hook) and cause.reason else ""
+            return f"aborted ({cause.kind}{extra})"
+        case TurnFailed(code=code, message=message):
+            return f"error ({code}: {message})"
+        case Blocked(by=by):
+            return f"blocked by {by}"
+        case Completed() | MaxTokens() | Interrupted():
+            return reason.kind
+        case _:
+            assert_never(reason)
+
+
+def stream_texts(
+    deltas: Iterable[Mapping[str, Any]],
+) -> Iterator[tuple[Literal["text", "reasoning"], str]]:
+    """The visible pieces of an ``assistant/chunk``'s deltas: each text or reasoning delta's
+    kind and text (a tool call's argument fragments are not shown as they stream). The deltas
+    are JSON the record keeps as it is (docs/log-format.md, Streamed deltas): read here once."""
+    for delta in deltas:
+        kind, text = delta.get("type"), delta.get("text")
+        if (kind == "text" or kind == "reasoning") and isinstance(text, str) and text:
+            yield kind, text
+
+
+def model_error(error: Mapping[str, Any]) -> str:
+    """``code: message`` of a model error as ``llm/retry`` records it (a JSON object)."""
+    return f"{error.get('code')}: {error.get('message')}"
+
+
+def split_status(content: str) -> tuple[list[str], str]:
+    """A tool result's content as its output lines and the status lines andon appends at its end
+    (``[exit code 2]``, ``[stopped: …]``, ``[andon stopped …]``), joined by spaces."""
+    lines = content.rstrip("\n").split("\n")
+    n = 0
+    while n < len(lines) and lines[-1 - n].startswith("[") and lines[-1 - n].endswith("]"):
+        n += 1
+    return lines[: len(lines) - n], " ".join(lines[len(lines) - n :])
 
 
 def _kib(n: int) -> str:
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} bytes"
-
-
-# -- the writer thread ---------------------------------------------------------------------------
-#
-# Writing the CLI's output without ever blocking the event loop.
-#
-# A reader that stops reading (``andon run | less`` on its first screen, a terminal paused with
-# Ctrl-S, a log shipper applying back-pressure) makes a blocking ``write`` to its pipe wait for as
-# long as the reader likes. Done on the event-loop thread, that wait froze signals, tool timeouts
-# and the grace timeline. So stdout and stderr are written through a :class:`Writer`: the loop only
-# appends to a bounded in-memory buffer, and a thread of the writer's own does the blocking writes.
-#
-# Invariants (the loop's side of each is what keeps signals and timers alive):
-#
-# * :meth:`Writer.write` never waits on the reader: its lock is held for deque operations only,
-#   never across a system call;
-# * past ``limit`` bytes buffered, whole lines are dropped and counted in :attr:`Writer.dropped`;
-#   never half a line: the keep-or-drop decision is taken when a line starts, and a line already
-#   begun is finished, so the bound is overshot by at most one line;
-# * EPIPE (the reader went away) sets :attr:`Writer.broken`, points the fd at ``/dev/null`` so that
-#   nothing later (a flush at interpreter exit) fails again, and discards what is still buffered;
-#   any other write error is kept in :attr:`Writer.error` for the loop to raise;
-# * at exit :meth:`Writer.drain` waits while the reader makes progress, but never forever: the
-#   thread is a daemon, so a reader that never reads again cannot keep the process alive.
-
-STDOUT_LIMIT: Final = 8 << 20  # bytes buffered for stdout before whole lines are dropped
-STDERR_LIMIT: Final = 64 << 10  # diagnostics are few and short
-_CHUNK: Final = 64 << 10  # at most this much per write(2): the buffer shrinks as the reader reads
-# At interpreter exit: give up on stderr once it has taken nothing for this long.
-_ATEXIT_STALL: Final = 2.0
-_ATEXIT_CAP: Final = 5.0
-
-_lock = threading.Lock()
-_writers: list[Writer] = []  # started writers, drained (bounded) at interpreter exit
-_stderr: Writer | None = None
-
-
-def can_stall(fd: int) -> bool:
-    """Whether a write to ``fd`` can wait on a reader: a pipe, a socket or a terminal. A regular
-    file (or a closed fd) cannot, and is written directly."""
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
-
-
-def stderr_writer() -> Writer | None:
-    """The process's writer for fd 2, or None when fd 2 cannot stall (then write it directly)."""
-    global _stderr
-    with _lock:
-        if _stderr is None and can_stall(2):
-            _stderr = Writer(2, limit=STDERR_LIMIT, name="stderr")
-        return _stderr
-
-
-def settle_others(writer: Writer, timeout: float) -> None:
-    """Wait at most ``timeout`` in all for every other writer to write what it has queued, so a
-    line for ``writer`` comes after them where both streams end up in one place (``2>&1``)."""
-    deadline = time.monotonic() + timeout
-    with _lock:
-        others = [w for w in _writers if w is not writer]
-    for other in others:
-        other.settle(other.position, max(0.0, deadline - time.monotonic()))
-
-
-class Writer:
-    """Text for ``fd``, written by a thread of its own through a buffer of at most ``limit`` bytes.
-
-    Only the event loop calls :meth:`write` (one producer); the thread is the one consumer."""
-
-    def __init__(
-        self, fd: int, *, limit: int = STDOUT_LIMIT, name: str = "stdout", encoding: str = "utf-8"
-    ) -> None:
-        self.fd = fd
-        self.name = name
-        self.limit = limit
-        self.encoding = encoding
-        self.dropped = 0  # lines dropped because the reader did not keep up
-        self.broken = False  # EPIPE: the reader went away
-        self.error: OSError | None = None  # any other write error
-        self._cond = threading.Condition()
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._pending = 0  # bytes queued or being written
-        self._queued = 0  # bytes ever queued (positions for settle())
-        self._written = 0  # bytes ever written
-        self._line_start = True
-        self._dropping = False  # the line under way is being dropped
-        self._stalled = False  # a settle() timed out and the buffer has not emptied since
-        self._thread: threading.Thread | None = None
-        self._on_broken: list[Callable[[], None]] = []
-
-    # -- the loop's side ------------------------------------------------------------------------
-
-    def write(self, text: str, *, whole: bool = False, force: bool = False) -> int:
-        """Queue ``text`` and return the position :meth:`settle` waits for.
-
-        Lines are cut at ``\\n`` and each is kept or dropped as a whole; ``whole=True`` treats the
-        text as one unit (a terminal frame, whose escape sequences must not be split). ``force``
-        keeps it past the bound (the summary, the terminal's cursor restore)."""
-        if not text:
-            return self._queued
-        if whole:
-            pieces = [text]
-        else:
-            parts = text.split("\n")
-            pieces = [p + "\n" for p in parts[:-1]]
-            if parts[-1]:
-                pieces.append(parts[-1])
-        with self._cond:
-            if self.broken or self.error is not None:
-                return self._queued
-            for piece in pieces:
-                if self._line_start:
-                    self._dropping = not force and self._pending >= self.limit
-                    if self._dropping:
-                        self.dropped += 1
-                self._line_start = whole or piece.endswith("\n")
-                if self._dropping:
-                    continue
-                data = piece.encode(self.encoding, "replace")
-                self._chunks.append(data)
-                self._pending += len(data)
-                self._queued += len(data)
-            self._start()
-            self._cond.notify_all()
-            return self._queued
-
-    @property
-    def position(self) -> int:
-        """Bytes ever queued: :meth:`settle` on it waits for everything queued so far."""
-        return self._queued
-
-    @property
-    def pending(self) -> int:
-        """Bytes queued and not written yet."""
-        return self._pending
-
-    def on_broken(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (from the writer thread: make it thread-safe, e.g. through
-        ``loop.call_soon_threadsafe``) when the reader goes away."""
-        with self._cond:
-            if not self.broken:
-                self._on_broken.append(callback)
-                return
-        callback()
-
-    def settle(self, position: int, timeout: float) -> bool:
-        """Wait at most ``timeout`` for everything up to ``position`` to be written; for callers
-        that want their line out now (a diagnostic before ``os._exit``, stderr after the stdout
-        lines it comments on). Once a wait times out, later ones return at once until the buffer
-        empties: a stalled reader costs the loop one ``timeout`` per stall, not one per line."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._written < position and self._pending:
-                if self.broken or self.error is not None or self._stalled:
-                    return False
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._stalled = True
-                    return False
-                self._cond.wait(left)
-            return True
-
-    def drain(self, stall: float, cap: float) -> bool:
-        """Wait until everything queued is written: while the reader takes something at least every
-        ``stall`` seconds, and never longer than ``cap`` in all. True when all was written."""
-        now = time.monotonic()
-        deadline = now + cap
-        with self._cond:
-            last, since = self._written, now
-            while self._pending and not self.broken and self.error is None:
-                now = time.monotonic()
-                if self._written != last:
-                    last, since = self._written, now
-                left = min(deadline - now, since + stall - now)
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return self.error is None and not self.broken
-
-    # -- the writer thread ----------------------------------------------------------------------
-
-    def _start(self) -> None:  # under self._cond
-        if self._thread is not None:
-            return
-        # A daemon: at exit drain() bounds the wait, and a reader that never reads again must
-        # not keep the process alive by a thread stuck in write(2).
-        self._thread = threading.Thread(target=self._run, name=f"andon-{self.name}", daemon=True)
-        self._thread.start()
-        with _lock:
-            first = not _writers
-            _writers.append(self)
-        if first:
-            atexit.register(drain_writers)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._chunks:
-                    self._cond.wait()
-                buf = bytearray()
-                while self._chunks and len(buf) < _CHUNK:
-                    buf += self._chunks.popleft()
-            view = memoryview(buf)
-            try:
-                while view:
-                    try:
-                        n = os.write(self.fd, view)
-                    except BlockingIOError:
-                        # Someone set O_NONBLOCK on the shared file description: wait, off the loop.
-                        writable = select.poll()  # poll: select refuses fds >= 1024
-                        writable.register(self.fd, select.POLLOUT)
-                        writable.poll()
-                        continue
-                    view = view[n:]
-                    with self._cond:
-                        self._pending -= n
-                        self._written += n
-                        if not self._pending:
-                            self._stalled = False
-                        self._cond.notify_all()
-            except OSError as e:
-                self._fail(e)
-                return
-
-    def _fail(self, e: OSError) -> None:
-        epipe = isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE
-        with self._cond:
-            if epipe:
-                self.broken = True
-            else:
-                self.error = e
-            self._chunks.clear()
-            self._pending = 0
-            callbacks, self._on_broken = self._on_broken, []
-            self._cond.notify_all()
-        if epipe:
-            # Later writes (a flush of sys.stdout at interpreter exit) must not fail again.
-            with contextlib.suppress(OSError):
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, self.fd)
-                os.close(devnull)
-            for callback in callbacks:
-                with contextlib.suppress(Exception):  # a closed loop: the run is over anyway
-                    callback()
-
-
-def drain_writers() -> None:
-    # stdout is drained by the renderer's summary (with its own, longer bound); this is for
-    # what was said on stderr last (the text-mode summary, "the turn failed"), and for stdout when
-    # the run ended without a summary.
-    with _lock:
-        writers = list(_writers)
-    for writer in writers:
-        writer.drain(_ATEXIT_STALL, _ATEXIT_CAP)

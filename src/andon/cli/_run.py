@@ -32,12 +32,12 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, assert_never
 
-from andon.base import Disposed, NoWorkerStarted, describe_error
+from andon.base import Disposed, Hook, NoWorkerStarted, describe_error
 from andon.cli._ladder import HoldingLoop, LoopSignals
 from andon.cli._output import (
     JsonOutput,
@@ -61,10 +61,24 @@ from andon.cli._structured import (
     write_atomically,
 )
 from andon.llm import Model
+from andon.session import (
+    AgentEvent,
+    AssistantMessage,
+    Blocked,
+    Completed,
+    Interrupted,
+    MaxTokens,
+    Record,
+    TurnAborted,
+    TurnEnd,
+    TurnEndReason,
+    TurnFailed,
+    TurnStart,
+    iter_records,
+)
 
 if TYPE_CHECKING:
-    from andon.session import Record
-    from andon.supervisor import FoundInstructions
+    from andon.supervisor import Agent, FoundInstructions
 
 __all__ = ["RunJob", "exit_code_for", "last_turn_overflowed", "run_job"]
 
@@ -80,23 +94,23 @@ EXIT_OUTPUT_MISMATCH: Final = 8  # the final answer did not match --output-schem
 EXIT_EPIPE: Final = 128 + signal.SIGPIPE
 
 
-def exit_code_for(reason: Mapping[str, Any] | None) -> int:
+def exit_code_for(reason: TurnEndReason | None) -> int:
     """The exit code a run without signals gets from its last ``turn/end`` reason."""
-    if reason is None:
-        return EXIT_OK
-    match reason.get("kind"):
-        case "completed":
+    match reason:
+        case None | Completed():
             return EXIT_OK
-        case "blocked":
+        case Blocked():
             return EXIT_BLOCKED
-        case "max-tokens":
+        case MaxTokens():
             return EXIT_MAX_TOKENS
-        case "aborted" if (reason.get("reason") or {}).get("kind") == "hook":
+        case TurnAborted(cause=Hook()):
             return EXIT_HOOK
-        case "error" if (reason.get("error") or {}).get("code") == "CONTEXT_OVERFLOW":
+        case TurnFailed(code="CONTEXT_OVERFLOW"):
             return EXIT_TOO_LONG
-        case _:
+        case TurnAborted() | TurnFailed() | Interrupted():
             return EXIT_FAILED
+        case _:
+            assert_never(reason)
 
 
 @dataclass
@@ -199,9 +213,8 @@ async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
     if code == EXIT_OK and job.output_file is not None and outcome.final_text is not None:
         code = _write_output(job.output_file, outcome)
     ended = out.tracker.last_end
-    if ended is not None and ended.get("kind") == "error" and not job.json:
-        error = ended.get("error") or {}
-        say(f"the turn failed: {error.get('code')}: {error.get('message')}")
+    if isinstance(ended, TurnFailed) and not job.json:
+        say(f"the turn failed: {ended.code}: {ended.message}")
     with contextlib.suppress(StdoutClosed):
         out.summary(_summary(job, out, outcome, code, started, outcome.usage))
     return code
@@ -229,7 +242,8 @@ def _summary(
     spent = cost(usage, job.model.info, job.settings.prices)
     if spent is not None:
         summary["cost"] = spent
-    summary["ended"] = out.tracker.last_end
+    ended = out.tracker.last_end
+    summary["ended"] = None if ended is None else ended.to_json()
     if outcome.failure is not None:
         summary["failure"] = outcome.failure
     elif outcome.mismatch is not None and code == EXIT_OUTPUT_MISMATCH:
@@ -315,8 +329,8 @@ def _no_worker(error: BaseException) -> NoWorkerStarted | None:
 
 async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outcome) -> None:
     """Open the agent, send the prompt (or wake), wait until idle, and take it all down."""
-    import andon
     from andon.hooks import TurnBudget
+    from andon.supervisor import open_agent
 
     s = job.settings
     hooks = []
@@ -326,8 +340,8 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
     window = await context_window_for(s, job.model)
     # A SessionLive or ConfigError raised while opening leaves here wrapped in an exception
     # group; ``andon.cli.main`` reports it as one line with exit code 2.
-    async with asyncio.TaskGroup() as tg:  # noqa: SIM117 (the renderer outlives the agent)
-        async with andon.open_agent(
+    async with asyncio.TaskGroup() as tg:  # noqa: SIM117 (the view outlives the agent)
+        async with open_agent(
             job.session,
             **agent_options(
                 job.settings,
@@ -345,7 +359,7 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
                 out.liveness.ready()
             outcome.session_id = agent.session_id
             events = agent.events(since_seq=job.since_seq)
-            tg.create_task(_render(events, out, agent))
+            tg.create_task(_show_events(events, out, agent))
             # A reader that went away disposes the agent at once, not at the next event.
             out.on_closed(lambda: agent.cancel(Disposed()))
             if signals.first is None and job.overflowed:
@@ -371,8 +385,6 @@ async def _drive(job: RunJob, out: Output, signals: LoopSignals, outcome: _Outco
 def last_turn_overflowed(records: Sequence[Record]) -> bool:
     """Whether the log's last turn ended because a request did not fit the window (an open turn
     after it, which crash repair closes as interrupted, means no)."""
-    from andon.session import TurnEnd, TurnFailed, TurnStart
-
     for record in reversed(records):
         if isinstance(record.data, TurnStart):
             return False
@@ -382,7 +394,7 @@ def last_turn_overflowed(records: Sequence[Record]) -> bool:
     return False
 
 
-async def _compact_first(agent: Any) -> None:
+async def _compact_first(agent: Agent) -> None:
     """A session whose last turn overflowed is compacted before it goes on (docs/agent-loop.md,
     Compaction); if that fails, the turn's own overflow handling is what is left."""
     from andon.base import Aborted, ModelError
@@ -392,7 +404,7 @@ async def _compact_first(agent: Any) -> None:
         await agent.compact(force=True)
 
 
-async def _idle(agent: Any, outcome: _Outcome) -> bool:
+async def _idle(agent: Agent, outcome: _Outcome) -> bool:
     """Wait until the agent is idle; False (and the failure noted) if its log failed."""
     try:
         await agent.when_idle()
@@ -403,7 +415,7 @@ async def _idle(agent: Any, outcome: _Outcome) -> bool:
 
 
 async def _conclude(
-    job: RunJob, agent: Any, out: Output, signals: LoopSignals, outcome: _Outcome
+    job: RunJob, agent: Agent, out: Output, signals: LoopSignals, outcome: _Outcome
 ) -> None:
     """The job's answer: the final text of its last turn, if that turn completed; with
     ``--output-schema``, checked, and asked for once more if it does not match."""
@@ -433,25 +445,21 @@ def _completed_answer(job: RunJob) -> str | None:
     """The text of the last turn's final ``assistant/message`` (its text blocks joined), read
     from the log (written synchronously, so complete once the agent is idle); None unless that
     turn completed."""
-    from andon.session import iter_records
-
-    ended: dict[str, Any] | None = None
-    texts: dict[Any, str] = {}  # turn -> the text of its last assistant/message
+    ended: TurnEnd | None = None
+    texts: dict[int, str] = {}  # turn -> the text of its last assistant/message
     for record in iter_records(job.session):
         if record.seq < job.since_seq:
             continue
-        event = record.to_dict()
-        data = event.get("data") or {}
-        if event.get("type") == "turn/end":
-            ended = data
-        elif event.get("type") == "assistant/message":
-            content = (data.get("message") or {}).get("content") or ()
-            texts[data.get("turn")] = "".join(
-                str(block.get("text", "")) for block in content if block.get("type") == "text"
-            )
-    if ended is None or (ended.get("reason") or {}).get("kind") != "completed":
+        match record.data:
+            case TurnEnd() as end:
+                ended = end
+            case AssistantMessage(turn=turn, message=message):
+                texts[turn] = message.text
+            case _:
+                pass
+    if ended is None or not isinstance(ended.reason, Completed):
         return None
-    return texts.get(ended.get("turn"), "")
+    return texts.get(ended.turn, "")
 
 
 def _output(job: RunJob) -> Output:
@@ -487,8 +495,8 @@ def _start_live(out: Output) -> asyncio.Task[None] | None:
     return asyncio.get_running_loop().create_task(out.run_live())
 
 
-async def _render(events: Any, out: Output, agent: Any) -> None:
-    """Print every event; on a closed stdout, dispose the agent quietly and keep draining."""
+async def _show_events(events: AsyncIterator[AgentEvent], out: Output, agent: Agent) -> None:
+    """Show every event; on a closed stdout, dispose the agent quietly and keep draining."""
     async for event in events:
         try:
             out.feed(event)

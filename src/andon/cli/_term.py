@@ -14,8 +14,8 @@ prompt's bottom toolbar (prompt_toolkit owns the terminal there). Control sequen
 (colours, cursor moves, titles, carriage-return progress bars) are stripped: a tool never drives
 the user's terminal.
 
-Like the other renderers, nothing here writes to the terminal on the event loop's thread: the
-console writes into the renderer's writer thread (``andon.cli._output.Writer``), one print as one
+Like the other views, nothing here writes to the terminal on the event loop's thread: the
+console writes into the view's writer thread (``andon.cli._writer.Writer``), one print as one
 unit, so a terminal paused with Ctrl-S never stops signals or timers. While the terminal does not
 keep up, the live area is not redrawn (its frames would only pile up); past the bound, whole prints
 are dropped (the session log has every record).
@@ -30,7 +30,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TextIO, cast
+from typing import Any, Final, TextIO, assert_never, cast
 
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
@@ -39,9 +39,44 @@ from andon.base import GracePolicy, plural
 from andon.cli._output import (
     _STAGE_NAMES,
     Output,
-    _args,
-    _reason,
+    describe_end,
+    model_error,
+    show_arguments,
+    split_status,
+    stream_texts,
     summary_text,
+)
+from andon.session import (
+    AgentError,
+    AgentEvent,
+    AgentStatus,
+    AssistantChunk,
+    AssistantDelta,
+    AssistantMessage,
+    Completed,
+    ContextCompacted,
+    ContextTrimmed,
+    EventData,
+    InboxSpliced,
+    LlmRequest,
+    LlmRetry,
+    Record,
+    SessionRepaired,
+    SessionResumed,
+    SessionStart,
+    StepEnd,
+    StepStart,
+    SubagentEvent,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolSignal,
+    ToolStarted,
+    TurnAborted,
+    TurnEnd,
+    TurnStart,
+    Unrecognized,
+    UserMessageEntered,
 )
 
 __all__ = ["TermOutput", "strip_controls"]
@@ -89,7 +124,7 @@ class _Stop:
 
 
 class _ConsoleFile:
-    """What the rich console writes to: the renderer's writer, one print (a frame: permanent
+    """What the rich console writes to: the view's writer, one print (a frame: permanent
     lines, the live area, cursor moves) as one unit, so no escape sequence is ever cut."""
 
     def __init__(self, out: TermOutput, stream: TextIO) -> None:
@@ -115,7 +150,7 @@ class _ConsoleFile:
 
 
 class TermOutput(Output):
-    """Rich renderer. ``console`` prints the permanent lines; :meth:`live` is the live area."""
+    """The rich view. ``console`` prints the permanent lines; :meth:`live` is the live area."""
 
     def __init__(
         self,
@@ -158,85 +193,89 @@ class TermOutput(Output):
         for line in lines:
             self.line(line, "dim" if kind == "reasoning" else "")
 
-    def render(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        data: Mapping[str, Any] = event.get("data") or {}
+    def show(self, event: AgentEvent) -> None:
+        match event:
+            case Record(data=data):
+                self._show_record(data)
+            case ToolOutput(call_id=call_id, text=text):
+                call = self._calls.get(call_id)
+                if call is not None:
+                    *lines, call.pending = (call.pending + strip_controls(text)).split("\n")
+                    call.tail.extend(lines)
+            case AgentError(code=code, message=message):
+                self.line(f"error {code}: {message}", "bold red")
+            case AgentStatus() | AssistantDelta() | SubagentEvent():
+                pass  # the chunk records show the text; a subagent's events are not output
+            case _:
+                assert_never(event)
+
+    def _show_record(self, data: EventData) -> None:
         now = self._clock()
-        match kind:
-            case "turn/start":
+        match data:
+            case TurnStart():
                 self._turn_started = now
-            case "assistant/chunk":
-                for delta in data.get("deltas", ()):
-                    text = str(delta.get("text", ""))
-                    if text and delta.get("type") in ("text", "reasoning"):
-                        self._stream(str(delta["type"]), text)
-            case "assistant/message":
+            case AssistantChunk(deltas=deltas):
+                for kind, text in stream_texts(deltas):
+                    self._stream(kind, text)
+            case AssistantMessage():
                 self._flush_partial()
-            case "tool/call":
+            case ToolCall(call_id=call_id, name=name, arguments=arguments):
                 self._flush_partial()
-                call_id = str(data.get("call_id"))
-                title = f"{data.get('name')} {strip_controls(_args(data))}"
+                title = f"{name} {strip_controls(show_arguments(arguments))}"
                 self._calls[call_id] = _Call(call_id, title, now)
                 self.line(f"▶ {call_id} {title}", "cyan")
-            case "tool/output":
-                call = self._calls.get(str(event.get("call_id")))
-                if call is not None:
-                    text = call.pending + strip_controls(str(event.get("text", "")))
-                    *lines, call.pending = text.split("\n")
-                    call.tail.extend(lines)
-            case "tool/result":
-                self._result(data, now)
-            case "tool/signal":
-                pass  # Output.feed shows it (see _stopping_stage)
-            case "turn/end":
+            case ToolResult():
+                self._result(data)
+            case TurnEnd(turn=turn, reason=reason):
                 self._flush_partial()
                 self._stop = None
                 self._turn_started = None
-                reason = data.get("reason")
-                stopped = isinstance(reason, Mapping) and reason.get("kind") == "aborted"
-                style = "yellow" if stopped else ("red" if _failed(reason) else "green")
+                stopped = isinstance(reason, TurnAborted)
+                failed = not isinstance(reason, Completed)
+                style = "yellow" if stopped else ("red" if failed else "green")
                 marker = " [stopped]" if stopped else ""
-                self.line(f"■ turn {data.get('turn')} ended{marker}: {_reason(reason)}", style)
-            case "agent/error":
-                error = event.get("error") or {}
-                self.line(f"error {error.get('code')}: {error.get('message')}", "bold red")
-            case "llm/retry":
-                error = data.get("error") or {}
+                self.line(f"■ turn {turn} ended{marker}: {describe_end(reason)}", style)
+            case LlmRetry(error=error, delay=delay):
                 self.line(
-                    f"model request failed ({error.get('code')}: {error.get('message')}); "
-                    f"retrying in {float(data.get('delay') or 0):.1f} s",
+                    f"model request failed ({model_error(error)}); retrying in {delay:.1f} s",
                     "yellow",
                 )
-            case _:
+            case (
+                SessionStart()
+                | SessionResumed()
+                | SessionRepaired()
+                | InboxSpliced()
+                | StepStart()
+                | StepEnd()
+                | UserMessageEntered()
+                | LlmRequest()
+                | ToolStarted()
+                | ToolSignal()  # shown by feed (see _stopping_stage)
+                | ContextTrimmed()
+                | ContextCompacted()
+                | Unrecognized()
+            ):
                 pass
+            case _:
+                assert_never(data)
 
-    def _result(self, data: Mapping[str, Any], now: float) -> None:
-        call_id = str(data.get("call_id"))
+    def _result(self, data: ToolResult) -> None:
+        call_id = data.call_id
         call = self._calls.pop(call_id, None)
-        content = strip_controls(str(data.get("content", "")))
-        lines = content.rstrip("\n").split("\n")
-        n = 0
-        while n < len(lines) and lines[-1 - n].startswith("[") and lines[-1 - n].endswith("]"):
-            n += 1
-        status = " ".join(lines[len(lines) - n :])
+        lines, status = split_status(strip_controls(data.content))
         if call is not None:
             if call.pending:
                 call.tail.append(call.pending)
-            body = list(call.tail) or lines[: len(lines) - n][-_TAIL_DONE:]
+            body = list(call.tail) or lines[-_TAIL_DONE:]
         else:
-            body = lines[: len(lines) - n][-_TAIL_DONE:]
+            body = lines[-_TAIL_DONE:]
         for line in body:
             self.line(Text.assemble(("  │ ", "dim"), line))
-        error = data.get("error") or {}
         if not status:
-            status = f"[{error.get('code')}]" if error else "[ok]"
-        duration = data.get("duration")
-        if not isinstance(duration, int | float) and call is not None:
-            duration = now - call.started
-        took = f" in {float(duration):.2f} s" if isinstance(duration, int | float) else ""
+            status = f"[{data.error.code}]" if data.error else "[ok]"
         stopped = "stopped" in status
         style = "yellow" if stopped else ("green" if status in ("[ok]", "[exit code 0]") else "red")
-        self.line(f"◀ {call_id} {status}{took}", style)
+        self.line(f"◀ {call_id} {status} in {data.duration:.2f} s", style)
 
     # -- stopping status ------------------------------------------------------------------------
 
@@ -259,22 +298,22 @@ class TermOutput(Output):
         self._stop = _Stop(f"{signame} again: killing {plural(n, 'tool process group')} now")
         self.line(self._stop.text, "bold red")
 
-    def _stopping_stage(self, data: Mapping[str, Any]) -> None:
-        stage = str(data.get("stage"))
+    def _stopping_stage(self, data: ToolSignal) -> None:
+        stage = data.stage
         g = self.grace
-        targets = plural(int(data.get("targets") or 0), "process")
-        text = f"stopping: {_STAGE_NAMES.get(stage, stage)} sent to {targets}"
+        targets = plural(data.targets, "process")
+        text = f"stopping: {_STAGE_NAMES[stage]} sent to {targets}"
         now = self._clock()
         after = ""
-        if stage in ("interrupt", "timeout-interrupt"):
+        if stage == "interrupt":
             self._stop = _Stop(text, "SIGTERM", now + g.term_after)
             after = f", SIGTERM in {g.term_after:g} s"
-        elif stage in ("term", "timeout-term"):
+        elif stage == "term":
             self._stop = _Stop(text, "SIGKILL", now + g.kill_after)
             after = f", SIGKILL in {g.kill_after:g} s"
         else:
             self._stop = _Stop(text)
-        self.line(f"{text}{after} ({data.get('call_id')})", "yellow")
+        self.line(f"{text}{after} ({data.call_id})", "yellow")
 
     # -- the live area --------------------------------------------------------------------------
 
@@ -347,7 +386,7 @@ class TermOutput(Output):
         dropped = self.stdout_dropped
         note = f"; {plural(dropped, 'line')} dropped (stdout was not read)" if dropped else ""
         with self._forced():  # the last line is never dropped
-            self.line(summary_text(summary) + note, "bold")
+            self.line(summary_text(summary, self.tracker.last_end) + note, "bold")
         self.finish(str(summary["session"]))
 
 
@@ -360,7 +399,3 @@ def to_ansi(lines: list[Text], width: int | None = None) -> str:
         line.truncate(width - 1)
         console.print(line, soft_wrap=False, no_wrap=True, overflow="crop")
     return buf.getvalue().rstrip("\n")
-
-
-def _failed(reason: Any) -> bool:
-    return isinstance(reason, Mapping) and reason.get("kind") not in ("completed", None)

@@ -35,6 +35,7 @@ from typing import Any, assert_never, final
 
 from andon.base import ErrorCode
 from andon.session._events import ProjectInstructions
+from andon.session._live import AgentEvent
 from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
@@ -508,12 +509,13 @@ class _Checker:
 
 
 def check(
-    events: Iterable[Record | Mapping[str, Any]], *, live: bool = False
+    events: Iterable[AgentEvent | Mapping[str, Any]], *, live: bool = False
 ) -> list[InvariantViolation]:
     """Every violation of the log invariants, in log order (an empty list: the log is sound).
 
     ``events`` are records as ``read()`` returns them or plain dicts parsed from ``events.jsonl``
-    (or from the output of ``andon run --json``, whose live-only lines are skipped).
+    (or from the output of ``andon run --json``), or what ``Agent.events()`` yields: live events
+    are skipped.
     With ``live=True`` the log may end with one open turn and step (a session that is running);
     by default an open turn or step at the end is a violation (a cold log must be balanced).
     """

@@ -185,6 +185,7 @@ class StepEnd(StepData, record_type="step/end"):
     """``step/end``: written in a ``finally`` (or by crash repair)."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class UserMessageEntered(StepData, record_type="user/message"):
     """``user/message``: one message entered into a step (right after ``step/start``)."""
@@ -217,6 +218,7 @@ class LlmRetry(AttemptData, record_type="llm/retry"):
     delay: float
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class AssistantChunk(AttemptData, record_type="assistant/chunk"):
     """``assistant/chunk``: stream deltas as received (never model-visible; folds skip them)."""

@@ -3,7 +3,8 @@
 Each takes records as ``read()`` / ``iter_records()`` give them or plain dicts parsed from
 ``events.jsonl``, in one pass, holding no more than the current step (plus what it returns), so
 ``history(iter_records(dir))`` never holds the file. Dicts parsed from the output of
-``andon run --json`` work too: its live-only lines (no ``seq``) are skipped.
+``andon run --json`` work too, and so do the values ``Agent.events()`` yields: live events (no
+``seq``) are skipped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from andon.session._events import ProjectInstructions
+from andon.session._live import AgentEvent
 from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
@@ -62,7 +64,7 @@ __all__ = [
     "trimmed_stub",
 ]
 
-Events = Iterable[Record | Mapping[str, Any]]
+Events = Iterable[AgentEvent | Mapping[str, Any]]
 
 
 # --- history ------------------------------------------------------------------------------------

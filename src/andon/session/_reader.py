@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any, BinaryIO, NoReturn
 
 from andon.base import LogCorrupted, SessionError
+from andon.session._live import LiveEvent
 from andon.session._records import Record
 
 __all__ = [
@@ -70,10 +71,11 @@ def is_live_only(obj: Mapping[str, Any]) -> bool:
 
 
 def without_live_only(events: Iterable[Any]) -> Iterator[Any]:
-    """``events`` (records or plain dicts) without the live-only dicts, lazily: what a fold of
-    the lines of ``andon run --json`` folds. Records pass untouched."""
+    """``events`` (records or plain dicts) without the live events, lazily: what a fold of the
+    lines of ``andon run --json``, or of what ``Agent.events()`` yields, folds. Records pass
+    untouched."""
     for event in events:
-        if isinstance(event, Mapping) and is_live_only(event):
+        if isinstance(event, LiveEvent) or (isinstance(event, Mapping) and is_live_only(event)):
             continue
         yield event
 

@@ -8,6 +8,7 @@ from typing import Any, assert_never
 
 from andon.base import ENDED_BY, ErrorCode, plural
 from andon.session._events import ProjectInstructions
+from andon.session._live import AgentEvent
 from andon.session._reader import without_live_only
 from andon.session._records import (
     AssistantChunk,
@@ -256,7 +257,7 @@ class _Render:
         return "\n".join(self.lines) + "\n"
 
 
-def render_transcript(events: Iterable[Record | Mapping[str, Any]]) -> str:
+def render_transcript(events: Iterable[AgentEvent | Mapping[str, Any]]) -> str:
     """The transcript of a log as a person reads it (``andon log``).
 
     Turns and steps, user messages, the assistant's text (and reasoning), tool calls with their

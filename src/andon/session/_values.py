@@ -296,6 +296,7 @@ class UserMessage(LogValue):
     json_keys: ClassVar = ("id", "role", "content", "source")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class TextBlock(LogValue):
     """Visible reply text."""
@@ -305,6 +306,7 @@ class TextBlock(LogValue):
     json_tag: ClassVar = ("type", "text")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ReasoningBlock(LogValue):
     """The model's reasoning (DeepSeek ``reasoning_content``)."""
@@ -314,6 +316,7 @@ class ReasoningBlock(LogValue):
     json_tag: ClassVar = ("type", "reasoning")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class ToolCallBlock(LogValue):
     """A tool call the model asked for. ``call_id`` is andon's own id (``c<turn>-<step>-<n>``);
@@ -382,6 +385,7 @@ class ExitStatus(LogValue):
 # --- turn-end reasons ---------------------------------------------------------------------------
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Completed(LogValue):
     """The last step finished with no tool continuation owed and no next-step input pending."""
@@ -390,6 +394,7 @@ class Completed(LogValue):
     json_tag: ClassVar = ("kind", "completed")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class MaxTokens(LogValue):
     """Some step of the turn finished with ``length`` (sticky for the whole turn)."""
@@ -398,6 +403,7 @@ class MaxTokens(LogValue):
     json_tag: ClassVar = ("kind", "max-tokens")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Blocked(LogValue):
     """A pre-step hook rejected the step; ``by`` names it."""
@@ -418,6 +424,7 @@ def _cause_from_json(value: object) -> Cause:
         raise ValueError(f"is no cancel cause: {exc}") from None
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class TurnAborted(LogValue):
     """The turn's signal was aborted; ``cause`` is the first cause given. On disk:
@@ -428,6 +435,7 @@ class TurnAborted(LogValue):
     json_tag: ClassVar = ("kind", "aborted")
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class TurnFailed(LogValue):
     """Any other failure. On disk: ``{"kind": "error", "error": {"message", "code"}}``.
@@ -443,6 +451,7 @@ class TurnFailed(LogValue):
     json_nest: ClassVar = "error"
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Interrupted(LogValue):
     """Written only by crash repair: the process stopped without ending the turn."""

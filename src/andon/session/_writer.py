@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from andon.base import (
     Clock,
@@ -377,7 +377,7 @@ class SessionLog:
         asynchronous exception (``KeyboardInterrupt``) cuts it short, the record is either whole
         in the log and counted, or not in the log at all; :attr:`next_seq` says which.
         """
-        return self._append((data,), ignorable=ignorable)[0][0]
+        return self._append((data,), ignorable=ignorable)[0]
 
     def append_many(self, datas: Sequence[EventData]) -> list[Record]:
         """Append several records as one batch: one ``write`` of all their lines and, in
@@ -388,18 +388,11 @@ class SessionLog:
         failure or an interrupt keeps the batch's whole lines that reached the file (they count,
         as whole single appends do) and cuts off a partial one, as for a single record.
         """
-        return [record for record, _ in self.append_encoded(datas)]
-
-    def append_encoded(self, datas: Sequence[EventData]) -> list[tuple[Record, dict[str, Any]]]:
-        """:meth:`append_many`, each record with its JSON object (``Record.to_dict()``, computed
-        once for the line: a caller that publishes the records need not compute it again)."""
         if not datas:
             return []
         return self._append(tuple(datas), ignorable=False)
 
-    def _append(
-        self, datas: tuple[EventData, ...], *, ignorable: bool
-    ) -> list[tuple[Record, dict[str, Any]]]:
+    def _append(self, datas: tuple[EventData, ...], *, ignorable: bool) -> list[Record]:
         with self._mutex:
             self._settle()  # an earlier append an interrupt cut short (normally nothing to do)
             if self._failure is not None:
@@ -408,7 +401,6 @@ class SessionLog:
                 raise SessionError("the session log is closed", session=str(self.session_dir))
             seq = self._mark.tail.next_seq
             records: list[Record] = []
-            objs: list[dict[str, Any]] = []
             lines: list[bytes] = []
             for data in datas:
                 if seq == 0 and not isinstance(data, SessionStart):
@@ -416,10 +408,8 @@ class SessionLog:
                 if isinstance(data, Unrecognized) and not ignorable:
                     raise ValueError("a record of an unknown type can only be written as ignorable")
                 record = Record(seq, self._clock.time(), data, None, ignorable)
-                obj = record.to_dict()
-                lines.append(encode_line(record, obj))  # ValueError: none of the batch is written
+                lines.append(encode_line(record))  # ValueError: none of the batch is written
                 records.append(record)
-                objs.append(obj)
                 seq += 1
             try:
                 self._append_records(records, lines, sync=self.durability == "every-record")
@@ -433,7 +423,7 @@ class SessionLog:
                 self._settle()
             if self._unpublished is not None:
                 self._publish(self._unpublished)
-            return list(zip(records, objs, strict=True))
+            return records
 
     def _append_records(self, records: list[Record], lines: list[bytes], *, sync: bool) -> None:
         """Write encoded records in one ``write`` (and ``fsync`` them if ``sync``), then commit

@@ -32,7 +32,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, final
+from typing import Any, final
 
 from andon.base import (
     AbortController,
@@ -52,11 +52,16 @@ from andon.base import (
 )
 from andon.llm import Model, TokenEstimator
 from andon.session import (
+    AgentError,
+    AgentEvent,
+    AgentStatus,
     Completed,
+    LiveEvent,
     MaxTokens,
     Record,
     SessionLog,
     SessionStart,
+    Status,
     TurnStart,
     UserMessage,
     iter_records,
@@ -72,8 +77,6 @@ from andon.workers import ToolRegistry
 __all__ = ["Agent", "Status", "check_max_parallel"]
 
 _log = logging.getLogger("andon.agent")
-
-Status = Literal["idle", "running"]
 
 _BASE_USAGE = ("prompt_tokens", "completion_tokens")
 # Summed only once some reply reported them: a provider that never does shows none of them.
@@ -106,7 +109,7 @@ _Phase = _Idle | _Maintenance | _Running
 
 @dataclass
 class _Subscriber:
-    queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[AgentEvent | None] = field(default_factory=asyncio.Queue)
 
 
 def check_max_parallel(value: object) -> int:
@@ -273,8 +276,9 @@ class Agent:
         if self._failure is not None:
             raise self._failure
 
-    def events(self, since_seq: int | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Every log record as written (plus live-only events that carry no ``seq``).
+    def events(self, since_seq: int | None = None) -> AsyncIterator[AgentEvent]:
+        """Every log record as written (a :class:`~andon.session.Record`), and the live events
+        that are never logged (:data:`~andon.session.LiveEvent`): docs/agent-loop.md, Events.
 
         The subscription starts when this is called (not at the first ``__anext__``), or at
         ``since_seq`` (older records are read from the log file first). One unbounded queue per
@@ -284,23 +288,20 @@ class Agent:
         self._subscribers.append(sub)
         return self._stream(sub, since_seq)
 
-    async def _stream(
-        self, sub: _Subscriber, since_seq: int | None
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, sub: _Subscriber, since_seq: int | None) -> AsyncIterator[AgentEvent]:
         try:
             last = -1
             if since_seq is not None:
                 for record in iter_records(self._logfile.path.parent):
                     if record.seq >= since_seq:
                         last = record.seq
-                        yield record.to_dict()
+                        yield record
             while True:
                 item = await sub.queue.get()
                 if item is None:
                     return
-                seq = item.get("seq")
-                if isinstance(seq, int) and seq <= last:
-                    continue
+                if isinstance(item, Record) and item.seq <= last:
+                    continue  # replayed from the file already
                 yield item
         finally:
             if sub in self._subscribers:
@@ -489,25 +490,19 @@ class Agent:
     def _write_many(self, datas: Sequence[Any]) -> list[Record]:
         """Append records as one batch (``SessionLog.append_many``); one record is a batch too."""
         try:
-            written = self._logfile.append_encoded(datas)
+            written = self._logfile.append_many(datas)
         except LogWriteFailed as e:
             if self._failure is None:
                 self._failure = e
-                self._publish_live(
-                    {
-                        "type": "agent/error",
-                        "error": {"code": "LOG_WRITE_FAILED", "message": str(e)},
-                    }
-                )
+                self._publish_live(AgentError("LOG_WRITE_FAILED", str(e)))
             raise
-        for record, obj in written:
+        for record in written:
             if record.type != "assistant/chunk":
                 self._records.append(record)
             if record.type == "tool/call":
                 self.tool_calls += 1
-            if self._subscribers:
-                self._publish(obj)
-        return [record for record, _ in written]
+            self._publish(record)
+        return written
 
     async def _barrier(self) -> None:
         try:
@@ -583,7 +578,7 @@ class Agent:
 
     def _report_error(self, code: str, message: str) -> None:
         _log.error("turn failed (%s): %s", code, message)
-        self._publish_live({"type": "agent/error", "error": {"code": code, "message": message}})
+        self._publish_live(AgentError(code, message))
 
     # -- status and subscribers --------------------------------------------------------------
 
@@ -591,20 +586,19 @@ class Agent:
         new: Status = self.status
         if new != self._status:
             self._status = new
-            self._publish_live({"type": "agent/status", "status": new})
+            self._publish_live(AgentStatus(new))
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
     async def _wait_changed(self) -> None:
         await self._changed.wait()
 
-    def _publish(self, item: dict[str, Any]) -> None:
+    def _publish(self, item: AgentEvent) -> None:
         for sub in self._subscribers:
             sub.queue.put_nowait(item)
 
-    def _publish_live(self, item: dict[str, Any]) -> None:
-        if self._subscribers:
-            self._publish(item)
+    def _publish_live(self, item: LiveEvent) -> None:
+        self._publish(item)
 
     # -- closing -----------------------------------------------------------------------------
 

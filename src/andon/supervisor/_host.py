@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from andon.base import AbortController, Cause, Clock
 from andon.llm import Model
-from andon.session import EventData, Record, SessionLog
+from andon.session import AgentEvent, EventData, LiveEvent, Record, SessionLog
 from andon.supervisor._context import ContextKeeper
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
@@ -38,14 +38,14 @@ class LogPort:
 
     ``write`` appends a record (raising ``LogWriteFailed``, which the agent also remembers);
     ``write_many`` appends several as one batch (one write, docs/log-format.md, Durability);
-    ``barrier`` makes everything written so far durable; ``publish`` sends a live-only event (one
-    that carries no ``seq`` and is never logged) to the agent's subscribers.
+    ``barrier`` makes everything written so far durable; ``publish`` sends a live event (one that
+    carries no ``seq`` and is never logged) to the agent's subscribers.
     """
 
     write: Callable[[EventData], Record]
     write_many: Callable[[Sequence[EventData]], list[Record]]
     barrier: Callable[[], Awaitable[None]]
-    publish: Callable[[dict[str, Any]], None]
+    publish: Callable[[LiveEvent], None]
 
 
 class ChildAgent(Protocol):
@@ -61,7 +61,7 @@ class ChildAgent(Protocol):
 
     async def aclose(self) -> None: ...
 
-    def events(self, since_seq: int | None = None) -> AsyncIterator[dict[str, Any]]: ...
+    def events(self, since_seq: int | None = None) -> AsyncIterator[AgentEvent]: ...
 
 
 class ChildFactory(Protocol):

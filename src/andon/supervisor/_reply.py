@@ -10,7 +10,7 @@ from typing import Any
 
 from andon.base import Clock, Timer
 from andon.llm import Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta, Usage
-from andon.session import AssistantChunk, ReasoningBlock, TextBlock
+from andon.session import AssistantChunk, AssistantDelta, ReasoningBlock, TextBlock
 from andon.supervisor._host import TurnHost
 
 __all__ = ["CHUNK_FLUSH_AFTER", "CHUNK_FLUSH_BYTES", "ChunkLog", "Reply"]
@@ -137,15 +137,7 @@ class ChunkLog:
     def add(self, delta: dict[str, Any]) -> None:
         """One delta, as it arrives: shown live now, logged at the next flush."""
         self.raise_failure()
-        self.publish(
-            {
-                "type": "assistant/delta",
-                "turn": self.turn,
-                "step": self.step,
-                "attempt": self.attempt,
-                "delta": delta,
-            }
-        )
+        self.publish(AssistantDelta(self.turn, self.step, self.attempt, delta))
         key = "arguments" if delta["type"] == "tool_call" else "text"
         text: str = delta[key]
         if not self._merge(delta, key, text):

@@ -23,6 +23,7 @@ from andon.llm import Model
 from andon.protocol import ErrorInfo
 from andon.session import (
     FORMAT_VERSION,
+    AgentEvent,
     AssistantMessage,
     Blocked,
     Completed,
@@ -30,6 +31,7 @@ from andon.session import (
     ModelInfo,
     SessionLog,
     SessionStart,
+    SubagentEvent,
     TurnAborted,
     TurnEnd,
     TurnFailed,
@@ -131,9 +133,9 @@ async def _run_child(call: SubagentCall, model: Model, prompt: str) -> ToolOutco
     return _outcome(call, folder, host.clock.monotonic() - started_at)
 
 
-async def _forward(stream: AsyncIterator[dict[str, Any]], host: TurnHost, call_id: str) -> None:
+async def _forward(stream: AsyncIterator[AgentEvent], host: TurnHost, call_id: str) -> None:
     async for item in stream:
-        host.log.publish({"type": "subagent/event", "call_id": call_id, "event": item})
+        host.log.publish(SubagentEvent(call_id, item))
 
 
 def _outcome(call: SubagentCall, folder: Path, duration: float) -> ToolOutcome:

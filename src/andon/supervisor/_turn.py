@@ -60,6 +60,7 @@ from andon.session import (
     ToolCall,
     ToolCallBlock,
     ToolErrorInfo,
+    ToolOutput,
     ToolResult,
     ToolSignal,
     ToolStarted,
@@ -628,9 +629,7 @@ class _LogObserver(ExecutionObserver):
         t.write(ToolSignal(t.turn, t.step, call_id, stage, round(at, 6), targets))
 
     def on_output(self, call_id: str, data: bytes) -> None:
-        self.turn.host.log.publish(
-            {"type": "tool/output", "call_id": call_id, "text": clean_text(data)}
-        )
+        self.turn.host.log.publish(ToolOutput(call_id, clean_text(data)))
 
 
 def _result_record(turn: int, step: int, outcome: ToolOutcome) -> ToolResult:

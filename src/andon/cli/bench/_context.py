@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from andon.llm import ModelIdentity, OpenAICompatible
+from andon.session import Record, ToolResult, TurnEnd
 from andon.supervisor import open_agent
 from andon.testing import SUMMARY_MARKER, MockModelServer, RecordedRequest, mock_prompt_tokens
 
@@ -104,14 +105,16 @@ async def _job(
             agent.followup(TASK)
             progress(name, 0, steps)
             async for item in stream:
-                kind = item.get("type")
-                if kind == "tool/result":
-                    results += 1
-                    if results < steps:
-                        progress(name, results, steps)
-                elif kind == "turn/end":
-                    ends.append(item["data"]["reason"])
-                    break
+                match item:
+                    case Record(data=ToolResult()):
+                        results += 1
+                        if results < steps:
+                            progress(name, results, steps)
+                    case Record(data=TurnEnd(reason=reason)):
+                        ends.append(reason.to_json())
+                        break
+                    case _:
+                        pass
             await agent.when_idle()
         requests = server.requests
         overflows = server.overflows

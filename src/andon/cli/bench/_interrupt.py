@@ -20,7 +20,7 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,16 @@ from andon import procs
 from andon.base import GracePolicy, User, call_tag
 from andon.fleet import WorkerPool
 from andon.llm import OpenAICompatible
+from andon.session import (
+    AgentEvent,
+    AssistantChunk,
+    Record,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolStarted,
+    TurnEnd,
+)
 from andon.supervisor import ToolCallRequest, ToolExecutor, open_agent
 from andon.testing import SHELL_SLEEP, STUBBORN, TRAP_INT, MockModelServer, benchmark_tree
 from andon.workers import ToolRegistry
@@ -173,7 +183,7 @@ class Bench:
         self,
         name: str,
         reply: dict[str, Any],
-        ready: Callable[[dict[str, Any], dict[str, int]], bool],
+        ready: Callable[[AgentEvent, dict[str, int]], bool],
         delay_max: float,
         workspace: Path,
         result: ScenarioResult,
@@ -198,25 +208,24 @@ class Bench:
             for i in range(self.runs):
                 self.progress(name, i, self.runs)
                 before_run()
-                records: list[dict[str, Any]] = []
+                records: list[Record] = []
                 counts: dict[str, int] = Counter()
                 is_ready = asyncio.Event()
                 stream = agent.events()
 
                 async def collect(
-                    stream: Any = stream,
-                    records: list[dict[str, Any]] = records,
+                    stream: AsyncIterator[AgentEvent] = stream,
+                    records: list[Record] = records,
                     counts: dict[str, int] = counts,
                     is_ready: asyncio.Event = is_ready,
                 ) -> None:
                     async for item in stream:
-                        kind = item.get("type", "")
-                        counts[kind] += 1
-                        if kind not in ("tool/output", "assistant/chunk", "assistant/delta"):
+                        counts[item.type] += 1
+                        if isinstance(item, Record) and not isinstance(item.data, AssistantChunk):
                             records.append(item)
                         if not is_ready.is_set() and ready(item, counts):
                             is_ready.set()
-                        if kind == "turn/end":
+                        if isinstance(item, Record) and isinstance(item.data, TurnEnd):
                             return
 
                 async with asyncio.TaskGroup() as tg:
@@ -236,26 +245,24 @@ class Bench:
                 # its own session id, so its processes carry other tags.
                 owner = agent.session_id or ""
                 entries = [
-                    procs.tag_entry(call_tag(owner, r["data"]["call_id"]))
+                    procs.tag_entry(call_tag(owner, r.data.call_id))
                     for r in records
-                    if r.get("type") == "tool/call"
+                    if isinstance(r.data, ToolCall)
                 ]
                 survivors = sum(len(procs.tagged(entry)) for entry in entries)
                 result.latencies.append(latency)
                 result.survivors.append(survivors)
                 result.bytes_after.append(workspace_bytes(workspace) - at_end)
-                ended = [
-                    r["data"].get("ended_by") or "?"
-                    for r in records
-                    if r.get("type") == "tool/result"
+                ended: list[str] = [
+                    r.data.ended_by or "?" for r in records if isinstance(r.data, ToolResult)
                 ]
                 stage = max((self._stage_at(e) for e in ended), default=0.0)
                 result.ended_by.update(ended or ["model-stream"])
                 result.stage_at.append(stage)
                 # where the time goes: cancel -> last tool/result appended (the worker's stop,
                 # reported back) and cancel -> turn/end appended (before its fsync completes)
-                results_at = [r["time"] for r in records if r.get("type") == "tool/result"]
-                end_at = [r["time"] for r in records if r.get("type") == "turn/end"]
+                results_at = [r.time for r in records if isinstance(r.data, ToolResult)]
+                end_at = [r.time for r in records if isinstance(r.data, TurnEnd)]
                 if results_at:
                     result.to_result.append(max(results_at) - wall)
                 if end_at:
@@ -329,8 +336,8 @@ def bash(command: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
 
 
-def _tool_ready(item: dict[str, Any], counts: dict[str, int]) -> bool:
-    return item.get("type") == "tool/output" and "ready" in item.get("text", "")
+def _tool_ready(item: AgentEvent, counts: dict[str, int]) -> bool:
+    return isinstance(item, ToolOutput) and "ready" in item.text
 
 
 def _unlink(path: Path) -> Callable[[], None]:
@@ -348,7 +355,7 @@ async def scenario(bench: Bench, name: str) -> ScenarioResult:
     ticks = ws / "ticks"
     if name == "stream":
         # ready at the first chunk; the reply streams for ~3 s, so the cancel lands mid-stream
-        chunk = lambda r, c: r.get("type") == "assistant/chunk"  # noqa: E731
+        chunk = lambda r, c: isinstance(r, Record) and isinstance(r.data, AssistantChunk)  # noqa: E731
         await bench.agent_runs(name, STREAM_REPLY, chunk, 0.1, ws, result)
         result.floor = await bench.stream_floor(STREAM_REPLY, 1, 0.1)
         result.floor_label = "httpx stream closed"
@@ -360,7 +367,7 @@ async def scenario(bench: Bench, name: str) -> ScenarioResult:
         result.floor = await bench.stream_floor(STALL_REPLY, 3, 0.02)
         result.floor_label = "httpx stream closed"
     elif name == "coop-tool":
-        started = lambda r, c: r.get("type") == "tool/started"  # noqa: E731
+        started = lambda r, c: isinstance(r, Record) and isinstance(r.data, ToolStarted)  # noqa: E731
         reply = {"tool_calls": [{"name": "coop_wait", "arguments": {"seconds": 60}}]}
         await bench.agent_runs(name, reply, started, 0.02, ws, result)
         result.floor = await bench.coop_floor()
