@@ -4,9 +4,9 @@ Two views of the same event stream (``agent.events()``: log records plus live ev
 :data:`~andon.session.AgentEvent`; the terminal's is ``andon.cli._term``), each a subclass of
 :class:`Output` whose :meth:`~Output.show` matches on the event classes:
 
-* plain text (CI logs, and terminals for now): streamed assistant text on stdout, each tool call on
-  one line, its live output indented under it, then its exit status; stopping status lines and
-  errors on stderr;
+* plain text (CI logs and pipes; a terminal gets ``andon.cli._term``'s view): streamed assistant
+  text on stdout, each tool call on one line, its live output indented under it, then its exit
+  status; stopping status lines and errors on stderr;
 * ``--json``: exactly one JSON object per line on stdout, nothing else there.
 
 Nothing here writes to a pipe on the event loop's thread: stdout goes through a bounded buffer

@@ -206,7 +206,9 @@ class Ack:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
-    """Supervisor -> worker: send one stage. The executor owns the timeline; idempotent."""
+    """Supervisor -> worker: send one stage. The sender walks the grace ladder and decides each
+    stage (the executor, or a program worker's own SIGTERM drain); the worker only applies it.
+    Idempotent."""
 
     type: ClassVar[Literal["cancel"]] = "cancel"
 
