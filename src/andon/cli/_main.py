@@ -7,8 +7,8 @@ Every user mistake becomes one clear line on stderr and exit code 2; a traceback
 ``andon.cli._signals`` and ``andon.cli._ladder`` (signals before and during the loop),
 ``andon.cli._output`` (what is printed), ``andon.cli._settings`` (flags, ``ANDON_*``,
 ``andon.toml``), ``andon.cli._setup`` (what a resumed session's log says, the model, the agent
-options) and ``andon.cli._sessions`` (where sessions live); this module parses arguments and checks everything
-a user can get wrong before the agent starts.
+options) and ``andon.cli._sessions`` (where sessions live); this module parses arguments and checks
+everything a user can get wrong before the agent starts.
 """
 
 from __future__ import annotations
