@@ -30,12 +30,30 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    # What the lazy names below are, for a type checker (nothing of it runs): without these, every
+    # name reached through ``import andon`` would be ``Any`` to a user's mypy.
     from typing import Any
 
-__version__ = "0.1.0"
+    # (``X as X``: an explicit re-export.)
+    from andon import cancel as cancel
+    from andon import errors as errors
+    from andon import hooks as hooks
+    from andon import llm as llm
+    from andon import session as session
+    from andon import tools as tools
+    from andon.base import AbortController as AbortController
+    from andon.base import AbortSignal as AbortSignal
+    from andon.base import AndonError as AndonError
+    from andon.base import GracePolicy as GracePolicy
+    from andon.base import __version__ as __version__
+    from andon.fleet import WorkerPoolConfig as WorkerPoolConfig
+    from andon.supervisor import Agent as Agent
+    from andon.supervisor import open_agent as open_agent
+    from andon.workers import tool as tool
 
 # name -> module that defines it. Names of later layers are added as those layers land.
 _EXPORTS: dict[str, str] = {
+    "__version__": "andon.base",
     "AbortController": "andon.base",
     "AbortSignal": "andon.base",
     "AndonError": "andon.base",
@@ -52,7 +70,7 @@ _EXPORTS: dict[str, str] = {
     "llm": "andon.llm",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

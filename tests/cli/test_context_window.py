@@ -134,7 +134,7 @@ async def test_open_agent_keeps_the_window_and_refuses_a_bad_one(tmp_path: Path)
                 tmp_path / "u",
                 model=Scripted([]),
                 pool=pool,
-                context_window=bad,
+                context_window=bad,  # type: ignore[arg-type]  # wrong on purpose
             ):
                 pass
     assert not (tmp_path / "u").exists()  # refused before anything was opened

@@ -46,7 +46,7 @@ async def test_another_session_id_is_a_config_error_before_anything_is_opened(
         async with andon.open_agent(
             folder,
             model=Scripted([{"text": "never"}]),
-            session_id=sid,
+            session_id=sid,  # type: ignore[arg-type]  # a wrong type on purpose
         ):
             pytest.fail("opened")
     assert repr(sid) in str(caught.value)

@@ -80,6 +80,7 @@ from andon.base._shapes import (
     shape,
 )
 from andon.base._text import clean_text, cut_text, name_path, show_name
+from andon.base._version import __version__
 from andon.base._vocabulary import (
     CANCEL_STAGES,
     CONTAINMENTS,
@@ -184,6 +185,7 @@ __all__ = [
     "VersionMismatch",
     "WorkerError",
     "WriteOff",
+    "__version__",
     "any_signal",
     "call_id",
     "call_tag",

@@ -12,12 +12,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
 
-import andon
 from andon.base import (
     Clock,
     ConfigError,
     GracePolicy,
     SystemClock,
+    __version__,
     check_session_id,
     show_name,
 )
@@ -149,7 +149,7 @@ async def open_agent(
                 SessionResumed(
                     os.getpid(),
                     socket.gethostname(),
-                    andon.__version__,
+                    __version__,
                     record_model,
                     prompt,
                     log.loaded.repaired,
@@ -162,7 +162,7 @@ async def open_agent(
                 SessionStart(
                     FORMAT_VERSION,
                     session_id if session_id is not None else new_session_id(),
-                    andon.__version__,
+                    __version__,
                     clock.time(),
                     show_name(workdir),  # a path of any bytes, spelled as the file tools spell it
                     record_model,

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import andon
-from andon.base import AbortSignal, ErrorCode, Parent, session_id, show_name
+from andon.base import AbortSignal, ErrorCode, Parent, __version__, session_id, show_name
 from andon.llm import Model
 from andon.protocol import ErrorInfo
 from andon.session import (
@@ -99,7 +98,7 @@ async def _run_child(call: SubagentCall, model: Model, prompt: str) -> ToolOutco
             SessionStart(
                 FORMAT_VERSION,
                 session_id(),
-                andon.__version__,
+                __version__,
                 host.clock.time(),
                 show_name(host.cwd),
                 ModelInfo(info.spec, info.provider, info.name),
