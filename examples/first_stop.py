@@ -16,17 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from andon.base import AbortController, GracePolicy, User
+from andon import AbortController, GracePolicy
+from andon.cancel import User
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import ModelRequest, Scripted, TextDelta, ToolCallDelta
-from andon.protocol import Started
-from andon.supervisor import (
-    ExecutionObserver,
-    ToolCallRequest,
-    ToolExecutor,
-    WorkerPool,
-    WorkerPoolConfig,
-)
-from andon.workers import default
+from andon.supervisor import ExecutionObserver, Started, ToolCallRequest, ToolExecutor
+from andon.tools import default
 
 # A "build": compiles forever, with a background indexer that ignores Ctrl-C, as real builds do.
 BUILD = """

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, final
 
 from andon.base import (
     CancelStage,
@@ -156,6 +156,7 @@ class Run:
     """Variables scrubbed from the tool's environment (the model API keys in use)."""
 
 
+@final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Started:
     """Worker -> supervisor: the tool's process exists; what to kill if the worker is lost."""

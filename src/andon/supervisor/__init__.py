@@ -5,8 +5,10 @@ to the session's log (``andon.session``).
 
 ``__all__`` is what a user builds with: the agent and ``open_agent`` with their defaults, the hooks
 and their answers, project instructions, and the executor with its request, observer and outcome
-for driving calls without an agent."""
+for driving calls without an agent (``Started``, the wire's message an observer is shown when a
+call's process starts, is re-exported for it)."""
 
+from andon.protocol import Started
 from andon.supervisor._agent import Agent, Status
 from andon.supervisor._executor import ExecutionObserver, ToolCallRequest, ToolExecutor
 from andon.supervisor._hooks import (
@@ -53,6 +55,7 @@ __all__ = [
     "Reject",
     "Retry",
     "StageMark",
+    "Started",
     "Status",
     "ToolCallInfo",
     "ToolCallRequest",
