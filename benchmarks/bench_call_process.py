@@ -25,7 +25,8 @@ from tests.workers.pytools import more_tools
 
 from andon.base import AbortController
 from andon.cli.bench._dispatch import fork_and_wait
-from andon.supervisor import ToolCallRequest, ToolExecutor, WorkerPool, WorkerPoolConfig
+from andon.fleet import WorkerPool, WorkerPoolConfig
+from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.workers import detect_mode
 
 
@@ -33,7 +34,7 @@ def _modes() -> list[str]:
     modes = []
     for mode in ("cgroup", "subreaper", "pgroup"):
         try:
-            detect_mode(mode)  # type: ignore[arg-type]
+            detect_mode(mode)
         except ValueError:
             continue
         modes.append(mode)
