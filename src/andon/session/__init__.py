@@ -1,4 +1,5 @@
-"""The session log: records, the durable writer, the reader, invariants, crash repair and folds.
+"""The session log: records, the durable writer, the reader, invariants, crash repair and folds,
+and the live events that ``Agent.events()`` yields between the records (never written to the log).
 
 A session is one folder; its log, ``events.jsonl``, is append-only and tells the truth: every turn
 that starts ends with exactly one ``turn/end`` saying how, every tool call has exactly one result in
@@ -18,7 +19,7 @@ Writing::
     log = andon.session.SessionLog.open(folder)  # takes the lock (SessionLive if held)
     log.append(TurnStart(1)); await log.barrier(); log.close()
 
-Imports only ``andon.base`` (whose ``procs`` finds a crashed call's leftover processes).
+Imports only ``andon.base`` and ``andon.procs`` (which finds a crashed call's leftover processes).
 """
 
 from andon.session._check import InvariantViolation, check
