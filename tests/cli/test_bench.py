@@ -173,6 +173,25 @@ def test_exit_runs_andon_beside_the_bare_baseline(capsys: pytest.CaptureFixture[
     assert isinstance(data["goal_met"], bool)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_startup_times_the_first_tool_and_counts_the_whole_jobs_cpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = run_json(capsys, "startup", "--runs", "2")
+    andon = data["andon"]
+    assert andon["exit_codes"] == [0] and andon["first_tool"]["n"] == 2
+    # The tool runs before the run ends, and after at least an interpreter's start.
+    assert 0 < andon["first_tool"]["p50"] <= andon["wall"]["max"]
+    floors = data["floors"]
+    assert list(floors) == ["python -c pass", "import andon.cli", "import andon.workers"]
+    assert floors["python -c pass"]["exit_codes"] == [0]
+    # The whole job's CPU counts the forkserver and the workers, each an interpreter that imports
+    # the worker side: more than one such floor, whatever the machine's speed.
+    assert andon["cpu"]["p50"] > floors["import andon.workers"]["cpu"]["p50"]
+    assert isinstance(data["cpu_goal_met"], bool) and isinstance(data["first_tool_goal_met"], bool)
+
+
 @pytest.mark.timeout(180)  # its own wait is 120 s: a loaded runner takes ~40 s
 def test_progress_shows_on_a_terminal() -> None:
     import pexpect

@@ -19,7 +19,7 @@ from ._stats import ms, table
 
 __all__ = ["register", "run"]
 
-KINDS = ("interrupt", "exit", "dispatch", "recovery", "context", "all")
+KINDS = ("interrupt", "exit", "startup", "dispatch", "recovery", "context", "all")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"andon bench: {problem}", file=sys.stderr)
         return 2
-    every = ["interrupt", "exit", "dispatch", "recovery", "context"]
+    every = ["interrupt", "exit", "startup", "dispatch", "recovery", "context"]
     kinds = every if args.kind == "all" else [args.kind]
     if (args.engine is None) != (args.image is None):
         print("andon bench: --engine and --image go together", file=sys.stderr)
@@ -192,6 +192,11 @@ def _run_kinds(
             from ._exit import run_exit
 
             data, text, bad = run_exit(args.runs, args.grace, args.seed, progress)
+            code = max(code, 1 if bad else 0)
+        elif kind == "startup":
+            from ._startup import run_startup
+
+            data, text, bad = run_startup(args.runs, progress)
             code = max(code, 1 if bad else 0)
         elif kind == "dispatch":
             from ._dispatch import run_dispatch
