@@ -63,9 +63,10 @@ def _bash(call_id: str, command: str, cwd: Path) -> ToolCallRequest:
 
 
 def _ours(engine: Any, pool: WorkerPool) -> list[Any]:
-    """This pool's containers, found by its label (running or not)."""
-    identity = pool.identity
-    return list(engine.containers.list(all=True, filters={"label": f"andon.pool={identity}"}))
+    """This pool's containers, found by its label (running or not). Sparse (ids, no inspection):
+    a container removed while it is listed would otherwise fail the whole listing."""
+    label = {"label": f"andon.pool={pool.identity}"}
+    return list(engine.containers.list(all=True, filters=label, sparse=True))
 
 
 async def test_a_bash_call_streams_and_completes_in_a_container(
@@ -140,8 +141,8 @@ async def test_a_worker_killed_inside_is_worker_lost_removed_and_replaced(
         task, _, _ = await start(executor, _bash("c1-1-2", "echo replaced", tmp_path))
         again = await asyncio.wait_for(task, 60)
         assert again.content.startswith("replaced")
-        names = [c.name for c in _ours(engine, pool)]
-        assert first.name not in names and len(names) == 1
+        ids = [c.id for c in _ours(engine, pool)]
+        assert first.id not in ids and len(ids) == 1
 
 
 DRIVER = textwrap.dedent(
@@ -306,7 +307,9 @@ async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(
 
         def ours() -> list[Any]:
             return list(
-                engine.containers.list(all=True, filters={"label": f"andon.pool={identity}"})
+                engine.containers.list(
+                    all=True, filters={"label": f"andon.pool={identity}"}, sparse=True
+                )
             )
 
         # Created, then removed by the start's own clean-up (nothing else sweeps here).

@@ -278,8 +278,11 @@ class ContainerLauncher(WorkerLauncher):
         if client is not None and setup is not None:
 
             def sweep() -> None:
+                # sparse: no inspection of each container found. A container removed between
+                # the list and its inspection (its own start's clean-up) would fail the whole
+                # list, and the rest of the pool's containers would stay.
                 found = client.containers.list(
-                    all=True, filters={"label": f"{POOL_LABEL}={setup.identity}"}
+                    all=True, filters={"label": f"{POOL_LABEL}={setup.identity}"}, sparse=True
                 )
                 for container in found:
                     with contextlib.suppress(Exception):

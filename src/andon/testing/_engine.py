@@ -389,7 +389,8 @@ def remove_image(client: DockerClient, ref: str) -> None:
     (the reference is unique to its run, so they are that run's own). Gone already is fine."""
     import docker
 
-    for container in client.containers.list(all=True, filters={"ancestor": ref}):
+    # sparse: a container that goes while it is listed must not fail the listing.
+    for container in client.containers.list(all=True, filters={"ancestor": ref}, sparse=True):
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
     # NotFound, not ImageNotFound: docker-py files podman's "image not known" 404 under NotFound.
