@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import ConfigError, Disposed, User
 from andon.cli._settings import Settings, add_agent_options, resolve
-from andon.cli._term import TermOutput, to_ansi
-from andon.session import AgentEvent, InboxSpliced, Record, TurnEnd
 
+# Every andon command builds the parser and so loads this module, for ``register``: the
+# terminal view and the session's classes are imported where chat uses them.
 if TYPE_CHECKING:
     from andon.cli._setup import JobBase
+    from andon.cli._term import TermOutput
+    from andon.session import AgentEvent
 
 __all__ = ["register", "run"]
 
@@ -109,6 +111,8 @@ class _Chat:
 
     def fold(self, event: AgentEvent) -> None:
         """Keep the visible queue in step with the inbox splices; a turn's end ends a stop."""
+        from andon.session import InboxSpliced, Record, TurnEnd
+
         match event:
             case Record(data=InboxSpliced(target=target, inserted=inserted) as splice):
                 n = self.queue[target] + len(inserted)
@@ -167,6 +171,8 @@ class _Chat:
         from prompt_toolkit.formatted_text import ANSI
         from rich.text import Text
 
+        from andon.cli._term import to_ansi
+
         lines = self.out.live_lines()
         queued = self.queue["next-turn"]
         steps = self.queue["next-step"]
@@ -184,6 +190,7 @@ async def _chat(job: _Job) -> int:
     from prompt_toolkit.patch_stdout import patch_stdout
     from rich.console import Console
 
+    from andon.cli._term import TermOutput
     from andon.supervisor import open_agent
 
     loop = asyncio.get_running_loop()
