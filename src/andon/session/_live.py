@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias, final
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, final, get_args
 
 from andon.base import shape
 from andon.session._records import Record
 from andon.session._values import LogValue
 
 __all__ = [
+    "LIVE_EVENT_TYPES",
     "AgentError",
     "AgentEvent",
     "AgentStatus",
@@ -126,14 +127,10 @@ LiveEvent: TypeAlias = AgentStatus | AgentError | AssistantDelta | ToolOutput | 
 AgentEvent: TypeAlias = Record | LiveEvent
 """What ``Agent.events()`` yields: a log record as written, or a live event."""
 
-_LIVE_CLASSES: tuple[type[LiveEvent], ...] = (
-    AgentStatus,
-    AgentError,
-    AssistantDelta,
-    ToolOutput,
-    SubagentEvent,
-)
-_LIVE: dict[str, type[LiveEvent]] = {cls.json_tag[1]: cls for cls in _LIVE_CLASSES}
+_LIVE: dict[str, type[LiveEvent]] = {cls.json_tag[1]: cls for cls in get_args(LiveEvent)}
+
+LIVE_EVENT_TYPES: frozenset[str] = frozenset(_LIVE)
+"""The ``type`` of every live event (``tool/output``, …), read off the classes above."""
 
 
 def event_from_dict(obj: object) -> AgentEvent:

@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, BinaryIO, NoReturn
 
 from andon.base import LogCorrupted, SessionError
-from andon.session._live import LiveEvent
+from andon.session._live import LIVE_EVENT_TYPES, LiveEvent
 from andon.session._records import Record
 
 __all__ = [
@@ -49,17 +49,7 @@ __all__ = [
 
 LOG_NAME = "events.jsonl"
 
-LIVE_ONLY_TYPES: frozenset[str] = frozenset(
-    {
-        "agent/status",
-        "agent/error",
-        "assistant/delta",
-        "tool/output",
-        "subagent/event",
-        "run/progress",
-        "run/summary",
-    }
-)
+LIVE_ONLY_TYPES: frozenset[str] = LIVE_EVENT_TYPES | {"run/progress", "run/summary"}
 """The event types of ``agent.events()`` that are never log records (they carry no ``seq``), and
 the lines of ``andon run --json`` of its own: liveness lines and the last line."""
 
