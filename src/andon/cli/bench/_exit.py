@@ -37,7 +37,7 @@ from andon.testing import benchmark_tree
 from . import _floors
 from ._stats import ms, summary, table
 
-__all__ = ["GOAL_MS", "run_exit"]
+__all__ = ["GOAL_MS", "one_call_run", "run_exit"]
 
 GOAL_MS = 20.0  # andon's p50 may exceed the baseline's by this much
 AFTER = 0.1  # survivors are counted this long after the exit
@@ -107,13 +107,18 @@ def _home(root: Path) -> dict[str, str]:
     return {"ANDON_HOME": str(root / "home")}
 
 
-def _andon_argv(root: Path, i: int, grace: str) -> list[str]:
-    script = root / f"model-{i}.json"
-    command = benchmark_tree(str(root / f"ticks-{i}"))
+def one_call_run(script: Path, command: str, *flags: str) -> list[str]:
+    """The argv of an ``andon run`` whose scripted model (written to ``script``) makes one bash
+    call of ``command``, then answers: the job ``exit`` stops and ``startup`` times."""
     reply = {"tool_calls": [{"name": "bash", "arguments": {"command": command}}]}
-    script.write_text(json.dumps({"replies": [reply, {"text": "stopped"}]}))
+    script.write_text(json.dumps({"replies": [reply, {"text": "done"}]}))
     andon = str(Path(sys.executable).parent / "andon")
-    return [andon, "run", "--json", "--grace", grace, "--model", f"script:{script}", "build"]
+    return [andon, "run", *flags, "--model", f"script:{script}", "go"]
+
+
+def _andon_argv(root: Path, i: int, grace: str) -> list[str]:
+    command = benchmark_tree(str(root / f"ticks-{i}"))
+    return one_call_run(root / f"model-{i}.json", command, "--json", "--grace", grace)
 
 
 def _baseline_argv(root: Path, i: int) -> list[str]:

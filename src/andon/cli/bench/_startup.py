@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _floors
+from ._exit import one_call_run
 from ._stats import ms, summary, table
 
 __all__ = ["CPU_GOAL", "FIRST_TOOL_FACTOR", "run_startup"]
@@ -139,11 +140,7 @@ def _wrapped(
 def _andon_run(side: Side, root: Path, i: int) -> None:
     fifo = root / f"tool-{i}"
     os.mkfifo(fifo, 0o600)
-    script = root / f"model-{i}.json"
-    call = {"name": "bash", "arguments": {"command": f"printf x > {fifo}"}}
-    script.write_text(json.dumps({"replies": [{"tool_calls": [call]}, {"text": "done"}]}))
-    andon = str(Path(sys.executable).parent / "andon")
-    argv = [andon, "run", "--model", f"script:{script}", "go"]
+    argv = one_call_run(root / f"model-{i}.json", f"printf x > {fifo}")
     seen: list[float] = []
 
     def first_byte() -> None:
