@@ -28,6 +28,7 @@ Invariants a driver relies on:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias, final
 
@@ -364,16 +365,18 @@ class GraceLadder:
         return after, (*sends, self._arm(after))
 
     def _send_due(self, stopping: Stopping, now: float) -> tuple[Stopping, tuple[SendStage, ...]]:
-        sends: list[SendStage] = []
-        while (stage := stopping.due(now, self.grace)) is not None:
-            stopping = stopping.with_sent(stage, now)
-            sends.append(self._send(stopping, stage, now))
-        return stopping, tuple(sends)
+        return self._send_each(stopping, now, lambda s: s.due(now, self.grace))
 
     def _send_rest(self, stopping: Stopping, now: float) -> tuple[Stopping, tuple[SendStage, ...]]:
         # Every stage left, in order (none skipped), each at its own ``kill_in``.
+        return self._send_each(stopping, now, Stopping.next_stage)
+
+    def _send_each(
+        self, stopping: Stopping, now: float, pick: Callable[[Stopping], CancelStage | None]
+    ) -> tuple[Stopping, tuple[SendStage, ...]]:
+        """Send the stages ``pick`` names, one after another, until it names none."""
         sends: list[SendStage] = []
-        while (stage := stopping.next_stage()) is not None:
+        while (stage := pick(stopping)) is not None:
             stopping = stopping.with_sent(stage, now)
             sends.append(self._send(stopping, stage, now))
         return stopping, tuple(sends)
