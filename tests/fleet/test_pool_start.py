@@ -86,16 +86,23 @@ async def test_a_start_that_misses_its_hello_is_retried_after_a_back_off(
     assert "did not say hello within 30s" in caplog.text
 
 
-async def test_start_returns_with_one_worker_and_the_rest_start_in_the_background() -> None:
-    # The second worker never says hello: the start does not wait for it.
+async def test_start_returns_with_one_worker_and_the_rest_start_when_calls_wait() -> None:
+    # The third worker would never say hello: nothing waits for it, nothing starts it unasked.
     clock = ManualClock()
-    launcher = FaultyLauncher([None], then=NoHello)
+    launcher = FaultyLauncher([None, None], then=NoHello)
     pool = _pool(launcher, clock, size=3)
     try:
         await asyncio.wait_for(pool.start(), 60)
-        lease = await pool.acquire()
-        lease.release()
-        await _until(lambda: len(launcher.started) == 3, "the other two workers started")
+        first = await pool.acquire()
+        assert len(launcher.started) == 1  # a one-call job never starts the others
+        waiting = asyncio.create_task(pool.acquire())  # no idle worker: one more starts for it
+        second = await asyncio.wait_for(waiting, 60)
+        assert len(launcher.started) == 2  # one waiting call, one start: not the whole rest
+        first.release()
+        second.release()
+        again = await pool.acquire()  # an idle worker serves it: nothing more starts
+        again.release()
+        assert len(launcher.started) == 2
     finally:
         await pool.aclose()
     assert all(w.has_exited() for w in launcher.started)

@@ -42,6 +42,7 @@ _STARTED = time.monotonic()
 
 
 def main() -> int:
+    _without_httpx_cli()
     try:
         try:
             from andon.cli._main import main as cli_main
@@ -70,6 +71,16 @@ def main() -> int:
                 _early_summary(code)
     _leave(code)
     return code  # not reached
+
+
+def _without_httpx_cli() -> None:
+    """httpx's ``__init__`` imports its own command line (``httpx._main``: click, rich, pygments)
+    when those are installed, about two thirds of what importing httpx costs, and andon never
+    calls it. A ``None`` in ``sys.modules`` makes that import fail, which httpx expects (it then
+    defines a ``main`` that says its CLI extras are missing). Only in andon's own process, and only
+    before httpx is imported: a program that imports andon as a library is left as it is."""
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
 def _leave(code: int) -> None:

@@ -195,6 +195,12 @@ class Output:
         # logs); None in the terminal view, which has clocks of its own.
         self.liveness: Liveness | None = None
 
+    def start_live(self) -> asyncio.Task[None] | None:
+        """Start redrawing a live area on the running loop, where the view has one (the
+        terminal's: spinners, tails, stopping status); a plain or ``--json`` view has none. A
+        method of the view, so that only a terminal's run imports rich (andon.cli._term)."""
+        return None
+
     def watch(self, interval: float) -> Liveness:
         """Say liveness lines every ``interval`` seconds (0: never) through :meth:`progress`."""
         self.liveness = Liveness(interval, self.progress)

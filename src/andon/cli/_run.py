@@ -151,7 +151,7 @@ async def _run(job: RunJob) -> int:
 
 
 async def _run_installed(job: RunJob, out: Output, signals: LoopSignals) -> int:
-    live = _start_live(out)
+    live = out.start_live()
     if live is None:  # the terminal view has spinners and clocks of its own
         _watch(job, out)
     started = time.monotonic()
@@ -484,15 +484,6 @@ def _watch(job: RunJob, out: Output) -> None:
     liveness = out.watch(job.settings.progress_interval)
     liveness.waiting_for = f"the tool workers to start{where}"
     liveness.starting()
-
-
-def _start_live(out: Output) -> asyncio.Task[None] | None:
-    """Redraw the rich view's live area (spinners, tails, stopping status) from the loop."""
-    from andon.cli._term import TermOutput
-
-    if not isinstance(out, TermOutput):
-        return None
-    return asyncio.get_running_loop().create_task(out.run_live())
 
 
 async def _show_events(events: AsyncIterator[AgentEvent], out: Output, agent: Agent) -> None:

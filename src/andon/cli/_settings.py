@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +207,8 @@ def _toml_table(path: Path, data: bytes) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})"
         ) from None
+    import tomllib  # only where an andon.toml exists (it brings datetime along)
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:  # its message ends "(at line L, column C)"

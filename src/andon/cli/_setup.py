@@ -16,13 +16,7 @@ from andon.base import ConfigError, LogCorrupted, LogFormatUnsupported, name_pat
 from andon.cli._sessions import runtime_root
 from andon.cli._settings import Settings, read_system_prompt
 from andon.cli._workers import launcher_of
-from andon.llm import (
-    Model,
-    OpenAICompatible,
-    discover_context_window,
-    from_spec,
-    known_context_window,
-)
+from andon.llm import Model, Scripted, from_spec, known_context_window
 from andon.session import Records, SessionStart, SessionState, fold_state, read
 
 if TYPE_CHECKING:
@@ -136,6 +130,10 @@ async def context_window_for(settings: Settings, model: Model) -> int | None:
 
     if isinstance(model, SchemaModel):  # --output-schema wraps the adapter that knows the URL
         model = model.inner
+    if isinstance(model, Scripted):
+        return None  # before the import below: a scripted run never loads the HTTP stack
+    from andon.llm import OpenAICompatible, discover_context_window
+
     if not isinstance(model, OpenAICompatible) or model.info.provider == "openai":
         return None  # a script, a custom adapter, or OpenAI's API (it does not say)
     key_env = model.api_key_env

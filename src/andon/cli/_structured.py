@@ -22,12 +22,7 @@ import stat
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
-
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.protocols
-import jsonschema.validators
+from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import AbortSignal, ConfigError, UnreadableFile, read_small_file
 from andon.llm import (
@@ -39,6 +34,11 @@ from andon.llm import (
     ResponseSchema,
     RetryDecider,
 )
+
+if TYPE_CHECKING:
+    # jsonschema (and what it imports) is a fifth of the CLI's import time; only a run with
+    # --output-schema needs it, so it is imported where a schema is read or an answer checked.
+    import jsonschema.protocols
 
 __all__ = [
     "Answer",
@@ -128,6 +128,10 @@ def load_output_schema(path: str) -> OutputSchema:
             f"{_FLAG} {path}: not a JSON Schema: the file holds a JSON {_kind(schema)}, not an "
             "object"
         )
+    import jsonschema
+    import jsonschema.exceptions
+    import jsonschema.validators
+
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -184,6 +188,8 @@ def check_answer(schema: OutputSchema, text: str | None) -> Answer | Mismatch:
         return Mismatch(f"the answer is not JSON: {e.msg} (line {e.lineno}, column {e.colno})")
     except (ValueError, RecursionError) as e:
         return Mismatch(f"the answer is not JSON: {_short(str(e))}")
+    import jsonschema.exceptions
+
     try:
         error = jsonschema.exceptions.best_match(schema.validator.iter_errors(value))
     except Exception as e:  # a reference andon cannot follow, deep in the schema

@@ -23,6 +23,7 @@ are dropped (the session log has every record).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import io
 import re
@@ -350,13 +351,14 @@ class TermOutput(Output):
             out.append(Text(f"{frame} working  {now - self._turn_started:.1f} s", "cyan"))
         return out
 
+    def start_live(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self.run_live())
+
     async def run_live(self, interval: float = 0.1) -> None:
         """Show :meth:`live` below the permanent lines until cancelled (``andon run``).
 
         Redrawn from the event loop (not rich's refresh thread), so the state is never read while
         an event changes it."""
-        import asyncio
-
         from rich.live import Live
 
         live = Live(

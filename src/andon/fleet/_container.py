@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import io
 import logging
-import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, final
@@ -317,6 +316,8 @@ def host_mounts(paths: Iterable[str], read_only: bool = True) -> list[Mount]:
 
 def _key_archive(certificate: bytes) -> bytes:
     """A tar holding the worker's key certificate, readable by its owner only."""
+    import tarfile  # only a container worker needs it: not imported with every local run
+
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         info = tarfile.TarInfo(_KEY_FILE)

@@ -1,6 +1,7 @@
 """The worker pool: workers behind one ROUTER socket, started and ended through a launcher.
 
-The pool keeps ``size`` workers warm, watches each (through its launcher's exit signal and, for
+The pool keeps up to ``size`` workers warm (one from its start, the others from the first time a
+call waits for a worker), watches each (through its launcher's exit signal and, for
 workers that are not this machine's processes, heartbeats with a deadline), and replaces any that
 ends. A worker that breaks the protocol is killed and replaced: broken means dead. Where a worker
 runs is the launcher's business (:mod:`andon.fleet._launch`): local forks of a forkserver by
@@ -332,11 +333,12 @@ class WorkerPool:
         self._counter = 0
         self._error_replies: list[tuple[str, str]] = []  # error answers outside any call
         # Starting workers (docs/workers.md, Starting workers): start() waits for the first
-        # worker only; the others start once it is ready (or its first attempt failed).
+        # worker only; the others start when calls wait for a worker (or at once, if the first
+        # start failed).
         self._first = asyncio.Event()  # set: a worker is ready, or none will be
-        self._rest_to_start = 0
+        self._rest_to_start = 0  # workers of the pool's size not started yet
         self._starting = 0  # start tasks running (each tries one worker, START_ATTEMPTS times)
-        self._settled = asyncio.Event()  # no start under way or due (wait_started)
+        self._settled = asyncio.Event()  # no start under way (wait_started)
         self._failing_since: float | None = None  # the first failed start with no worker ready
         self._failed_starts = _FailedStarts()
 
@@ -375,9 +377,11 @@ class WorkerPool:
         self._state = self._state.opened()
 
     async def wait_started(self) -> None:
-        """Wait until no worker's start is under way: each has said hello or was given up on.
-        ``start()`` returns with one worker ready; a benchmark that wants every worker warm
-        first waits for this too."""
+        """Start every worker not started yet, and wait until no worker's start is under way:
+        each has said hello or was given up on. ``start()`` returns with one worker ready and
+        the others start on demand (_demand); a benchmark that wants every worker warm first
+        waits for this."""
+        self._start_rest()
         await self._settled.wait()
 
     @property
@@ -429,8 +433,10 @@ class WorkerPool:
 
     async def _start_first(self) -> None:
         """One worker first, alone: on a loaded machine its hello is not slowed by its siblings'
-        starts. The rest start once it is ready or its first attempt failed (_started_one), in
-        the background: the first step needs one worker, not all of them."""
+        starts. The rest start on demand, when a call waits for a worker (_demand), or at once
+        if the first's first attempt failed (_started_one): the first step needs one worker,
+        and a one-call job never pays for the other three (docs/workers.md, Starting
+        workers)."""
         self._rest_to_start = self.config.size - 1
         self._start_worker()
         await self._first.wait()
@@ -643,6 +649,7 @@ class WorkerPool:
                     return lease
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiters.add(waiter)
+            self._demand()
             handle = signal.add_callback(_resolver(waiter)) if signal else None
             try:
                 await waiter  # then look again: a worker, the abort, or the close
@@ -650,6 +657,19 @@ class WorkerPool:
                 self._waiters.discard(waiter)
                 if handle is not None:
                     handle.remove()
+
+    def _demand(self) -> None:
+        """Calls wait for a worker: start one more for each that no start under way will serve,
+        up to the pool's size. Once started, a worker stays (and is replaced if it ends)."""
+        wanted = min(self._rest_to_start, len(self._waiters) - self._starting)
+        for _ in range(max(0, wanted)):
+            self._rest_to_start -= 1
+            self._start_worker()
+
+    def _start_rest(self) -> None:
+        rest, self._rest_to_start = self._rest_to_start, 0
+        for _ in range(rest):
+            self._start_worker()
 
     def _release(self, lease: WorkerLease) -> None:
         worker = lease._worker
@@ -784,17 +804,18 @@ class WorkerPool:
                         return
         finally:
             self._starting -= 1
-            if self._starting == 0 and self._rest_to_start == 0:
+            if self._starting == 0:
                 self._settled.set()
             self._check_starts()
 
     def _started_one(self) -> None:
-        """The first worker is ready, or its first attempt failed: start the rest."""
-        rest, self._rest_to_start = self._rest_to_start, 0
-        for _ in range(rest):
-            self._start_worker()
+        """A worker is ready, or a start failed. Ready: start() may return, and the rest wait to
+        be wanted (_demand). Failed with no worker ready: the rest start now, so that the pool
+        retries on several fronts (and gives up, _check_starts, only once none is left)."""
         if self._has_ready_worker():
             self._first.set()
+        else:
+            self._start_rest()
 
     def _has_ready_worker(self) -> bool:
         return any(w.welcomed and not w.dead for w in self._workers.values())

@@ -3,10 +3,16 @@
 streaming HTTP adapter for DeepSeek and OpenAI-compatible servers, and model specs.
 
 Imports only ``andon.base`` (docs/architecture.md, Layers).
+
+The HTTP stack (httpx, httpx-sse, ssl: a fifth of the command's import time) is imported with the
+first HTTP adapter or discovery, not with this package: a run on a scripted model never needs it.
+:class:`OpenAICompatible` and :func:`discover_context_window` are therefore looked up on first use
+(the module ``__getattr__`` below).
 """
 
+import typing as _typing
+
 from andon.llm._estimate import TokenEstimator
-from andon.llm._openai import OpenAICompatible
 from andon.llm._overflow import is_empty_stream, overflow_figures
 from andon.llm._request import build_request_body, reasoning_needed
 from andon.llm._retry import (
@@ -42,7 +48,11 @@ from andon.llm._types import (
     ToolCallDelta,
     Usage,
 )
-from andon.llm._windows import discover_context_window, known_context_window
+from andon.llm._windows import known_context_window
+
+if _typing.TYPE_CHECKING:
+    from andon.llm._openai import OpenAICompatible
+    from andon.llm._windows import discover_context_window
 
 __all__ = [
     "API_KEY_ENV_VARS",
@@ -84,3 +94,15 @@ __all__ = [
     "parse_retry_after",
     "reasoning_needed",
 ]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name == "OpenAICompatible":
+        from andon.llm._openai import OpenAICompatible
+
+        return OpenAICompatible
+    if name == "discover_context_window":
+        from andon.llm._windows import discover_context_window
+
+        return discover_context_window
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,6 @@ adapter and :class:`~andon.llm.Scripted` so a script exercises exactly the produ
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import math
 import random
 from collections.abc import Callable
@@ -95,6 +94,8 @@ def parse_retry_after(value: str, *, now: float) -> float | None:
         pass
     else:
         return max(0.0, seconds) if math.isfinite(seconds) else None
+    import email.utils  # only a date needs it (the email package is most of this module's cost)
+
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):

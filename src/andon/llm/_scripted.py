@@ -20,8 +20,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 
-import yaml
-
 from andon.base import (
     Aborted,
     AbortSignal,
@@ -113,8 +111,8 @@ class Scripted:
         except (OSError, UnicodeDecodeError) as exc:
             raise ScriptInvalid(f"cannot read {name}: {exc}", index=None, field=None) from exc
         try:
-            data = json.loads(text) if file.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:  # json.JSONDecodeError is a ValueError
+            data = _parse(file, text)
+        except ValueError as exc:  # json.JSONDecodeError and _YamlError are ValueErrors
             raise ScriptInvalid(
                 f"cannot parse {_where(name, exc)}: {_problem(exc)}", index=None, field=None
             ) from None
@@ -217,8 +215,30 @@ class Scripted:
             raise Aborted(await signal.wait())
 
 
+class _YamlError(ValueError):
+    """PyYAML's error, carried as a ``ValueError`` so that the caller need not import yaml."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _parse(file: Path, text: str) -> Any:
+    if file.suffix.lower() == ".json":
+        return json.loads(text)
+    # Imported here: only a YAML script needs it, and it is a tenth of the CLI's import time.
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise _YamlError(exc) from None
+
+
 def _where(name: str, exc: BaseException) -> str:
     """``file:line:column`` of a parse error, where the parser says (YAML marks, JSON's lineno)."""
+    if isinstance(exc, _YamlError):
+        exc = exc.error
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     if mark is not None:
         return f"{name}:{mark.line + 1}:{mark.column + 1}"
@@ -230,8 +250,9 @@ def _where(name: str, exc: BaseException) -> str:
 def _problem(exc: BaseException) -> str:
     """The parser's own words for what is wrong, on one line (a YAML error's text is several
     lines naming ``<unicode string>``, which means nothing to the user)."""
-    if isinstance(exc, yaml.MarkedYAMLError):
-        parts = [p for p in (exc.context, exc.problem) if p]
+    if isinstance(exc, _YamlError):
+        exc = exc.error
+        parts = [p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p]
         if parts:
             return "; ".join(parts)
     if isinstance(exc, json.JSONDecodeError):

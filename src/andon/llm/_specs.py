@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from andon.base import API_KEY_ENV_VARS, ConfigError
-from andon.llm._openai import OpenAICompatible
 from andon.llm._request import DEEPSEEK
 from andon.llm._scripted import Scripted
 from andon.llm._types import Model
@@ -170,6 +169,9 @@ def from_spec(spec: str, *, thinking: bool | None = None, **options: Any) -> Mod
         raise ConfigError(_THINKING_ONLY.format(spec=spec))
     if parsed.provider == DEEPSEEK and thinking is None:
         thinking = True  # the API's default, sent explicitly
+    # The HTTP stack is imported only for a model that speaks HTTP (andon.llm's docstring).
+    from andon.llm._openai import OpenAICompatible
+
     return OpenAICompatible(
         parsed.base_url,
         parsed.model,

@@ -29,14 +29,15 @@ import contextlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
-
-import httpx
 
 from andon.base import ConfigError
 from andon.llm._request import DEEPSEEK
 from andon.llm._specs import DEEPSEEK_MODELS, _Endpoint, _parse
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["MAX_BODY_BYTES", "discover_context_window", "known_context_window"]
 
@@ -142,6 +143,8 @@ async def _get_json(
     client: httpx.AsyncClient, url: str, headers: Mapping[str, str], timeout: float
 ) -> object:
     """The JSON ``url`` answers with a 200, or ``None``; never raises (but a cancel)."""
+    import httpx  # loaded by discover_context_window already; the name is needed here too
+
     try:
         request = client.build_request("GET", url, headers=headers, timeout=timeout)
         response = await client.send(request, stream=True, follow_redirects=False)
@@ -192,6 +195,9 @@ async def discover_context_window(
     headers = {"Accept": "application/json", "User-Agent": "andon"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    # Imported on first discovery, not with the package (andon.llm's docstring).
+    import httpx
+
     own = client is None
     http = client if client is not None else httpx.AsyncClient(follow_redirects=False)
     tasks: dict[str, asyncio.Task[object]] = {}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
 import secrets
@@ -99,7 +98,9 @@ def _renameat2() -> Callable[..., int] | None:
     if not _RENAMEAT2:
         fn = None
         with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            # The process's own symbols (libc is linked in): find_library("c") would run
+            # ``ldconfig -p``, a whole process, on every new session.
+            libc = ctypes.CDLL(None, use_errno=True)
             fn = libc.renameat2
             c_int, c_path = ctypes.c_int, ctypes.c_char_p
             fn.argtypes = (c_int, c_path, c_int, c_path, ctypes.c_uint)

@@ -1,0 +1,73 @@
+"""A run imports only what it needs (docs/benchmarks.md, Start-up): a scripted model loads no
+HTTP stack, a run without ``--output-schema`` no JSON Schema validator, a plain (not terminal) view
+no rich, a JSON script no YAML parser, and no run httpx's own command line.
+
+The command runs in a child interpreter through ``andon.cli.main``'s own start (the httpx line is
+set there), and reports ``sys.modules`` just before it leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from andon.testing import MockModelServer
+from tests.cli.support import env, script
+
+_REPORT = """
+import json, os, sys
+import andon.cli
+sys.argv = ["andon", *json.loads(sys.argv[1])]
+leave = andon.cli._leave
+def report(code):
+    wanted = json.loads(os.environ["LEAN_WANTED"])
+    here = sorted(m for m in wanted if sys.modules.get(m) is not None)  # None: blocked
+    print("LEAN " + json.dumps(here), file=sys.stderr)
+    leave(code)
+andon.cli._leave = report
+andon.cli.main()
+"""
+
+HEAVY = ["httpx", "httpx._main", "httpx_sse", "jsonschema", "rich", "yaml", "click", "tarfile"]
+
+
+def _loaded(tmp_path: Path, *args: str) -> list[str]:
+    environ = env(LEAN_WANTED=json.dumps(HEAVY))
+    done = subprocess.run(
+        [sys.executable, "-c", _REPORT, json.dumps(list(args))],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stderr.splitlines() if x.startswith("LEAN "))
+    loaded: list[str] = json.loads(line[len("LEAN ") :])
+    return loaded
+
+
+def test_a_scripted_plain_run_loads_no_http_schema_terminal_or_yaml_module(
+    tmp_path: Path,
+) -> None:
+    model = script(
+        tmp_path / "m.json",
+        [{"tool_calls": [{"name": "bash", "arguments": {"command": "true"}}]}, {"text": "ok"}],
+    )
+    assert _loaded(tmp_path, "run", "--workers", "1", "--model", model, "go") == []
+
+
+def test_a_yaml_script_and_a_schema_load_what_they_need_and_no_more(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text("replies:\n  - text: '{\"ok\": true}'\n")
+    (tmp_path / "s.json").write_text('{"type": "object"}')
+    args = ["run", "--model", f"script:{tmp_path / 'm.yaml'}", "--output-schema", "s.json", "go"]
+    assert _loaded(tmp_path, *args) == ["jsonschema", "yaml"]
+
+
+def test_a_run_on_a_model_server_loads_httpx_but_not_its_command_line(tmp_path: Path) -> None:
+    with MockModelServer([{"text": "done"}]) as server:
+        loaded = _loaded(tmp_path, "run", "--model", f"{server.base_url}#mock", "hi")
+    assert loaded == ["httpx", "httpx_sse"]
