@@ -73,13 +73,18 @@ class Side:
     latencies: list[float] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)
     survivors: list[int] = field(default_factory=list)
+    # andon only: SIGINT -> its turn/end line on stdout (durable by then), the rest is leaving
+    to_turn_end: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "latency": summary(self.latencies),
             "exit_codes": sorted(set(self.codes)),
             "survivors_max": max(self.survivors),
         }
+        if self.to_turn_end:
+            data["to_turn_end"] = summary(self.to_turn_end)
+        return data
 
 
 def run_exit(
@@ -149,13 +154,17 @@ def _one(
     try:
         assert proc.stdout is not None
         _until_ready(proc.stdout)
-        drain = threading.Thread(target=proc.stdout.read, daemon=True)  # never let it block
+        turn_end: list[float] = []
+        drain = threading.Thread(target=_drain, args=(proc.stdout, turn_end), daemon=True)
         drain.start()
         time.sleep(rng.uniform(0.0, 0.05))  # a seeded random moment of the tool's run
         t = time.perf_counter()
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        if not _floors.wait_exit(proc, 60):
+            raise RuntimeError("the program did not exit within 60 s of its SIGINT")
         side.latencies.append(time.perf_counter() - t)
+        if turn_end:
+            side.to_turn_end.append(turn_end[0] - t)
         side.codes.append(proc.returncode)
         time.sleep(AFTER)
         side.survivors.append(len(procs.tagged(entry, exclude=(os.getpid(),))))
@@ -168,6 +177,14 @@ def _one(
             drain.join(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def _drain(stdout: IO[bytes], turn_end: list[float]) -> None:
+    """Read the rest of stdout (never let the program block on it), noting when andon's
+    ``turn/end`` line arrives (it is printed once the record is durable)."""
+    for line in stdout:
+        if not turn_end and b'"turn/end"' in line:
+            turn_end.append(time.perf_counter())
 
 
 def _until_ready(stdout: IO[bytes]) -> None:
@@ -214,9 +231,16 @@ def _report(
     ]
     headers = ["SIGINT → exit (ms)", "p50", "p95", "max", "exit", "survivors"]
     verdict = "met" if met else "MISSED"
+    split = ""
+    if "to_turn_end" in a:
+        end = a["to_turn_end"]["p50"]
+        split = (
+            f"; of andon's p50, {end * 1000:.2f} ms to its turn/end line and "
+            f"{(a['latency']['p50'] - end) * 1000:.2f} ms from there to its exit"
+        )
     text = table(headers, rows) + (
         f"\n\nandon p50 - baseline p50 = {over * 1000:.2f} ms "
         f"(goal ≤ {GOAL_MS:.0f} ms: {verdict}); "
-        "the baseline stops neither the escapee nor the daemon"
+        "the baseline stops neither the escapee nor the daemon" + split
     )
     return data, text, bad
