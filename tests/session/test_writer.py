@@ -196,8 +196,30 @@ async def test_durability_modes(tmp_path: Path, mode: str, per_append: int) -> N
     _write(log, sim)
     await log.barrier()
     assert fsync.calls - base == per_append * len(sim.events)
-    log.close()
-    assert fsync.calls - base == per_append * len(sim.events) + per_append
+    log.close()  # every record is durable already ("every-record") or never will be ("none")
+    assert fsync.calls - base == per_append * len(sim.events)
+
+
+async def test_close_syncs_only_what_no_barrier_covered(tmp_path: Path) -> None:
+    fsync = _GatedFsync()
+    sim = Sim()
+    _begin(sim)
+    covered = SessionLog.open(tmp_path / "a", fsync=fsync)
+    _write(covered, sim)
+    await covered.barrier()
+    before = fsync.calls
+    covered.close()  # the barrier synced every line: a run's exit pays no second fsync
+    assert fsync.calls == before
+    owed = SessionLog.open(tmp_path / "b", fsync=fsync)
+    half = len(sim.events) // 2
+    for _, data in sim.events[:half]:
+        owed.append(data)
+    await owed.barrier()
+    for _, data in sim.events[half:]:
+        owed.append(data)  # after the last barrier: only the close makes these durable
+    before = fsync.calls
+    owed.close()
+    assert fsync.calls == before + 1
 
 
 def _not_run_pairs(calls: list[ToolCallBlock]) -> list[ToolCall | ToolResult]:

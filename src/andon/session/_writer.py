@@ -134,6 +134,11 @@ class _Syncer:
             self._cond.notify()
         await fut
 
+    def covers(self, target: int) -> bool:
+        """Whether the first ``target`` lines are synced already (no sync failed)."""
+        with self._cond:
+            return self._error is None and self._synced >= target
+
     def stop(self) -> None:
         """Finish the syncs already asked for, then end the thread."""
         with self._cond:
@@ -683,7 +688,11 @@ class SessionLog:
         error: OSError | None = None
         try:
             self._syncer.stop()
-            if self.durability != "none" and self._failure is None:
+            # Every line may be durable already: in "every-record" mode each append synced, and
+            # in "barrier" mode the last barrier (the turn's end, on a run's way out) may cover
+            # them all. A second fsync of the same bytes would only delay the exit.
+            owed = self.durability == "barrier" and not self._syncer.covers(self._mark.lines)
+            if owed and self._failure is None:
                 try:
                     self._fsync(self._fd)
                 except OSError as exc:
