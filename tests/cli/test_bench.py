@@ -38,6 +38,10 @@ def test_every_interrupt_scenario_runs_once(capsys: pytest.CaptureFixture[str]) 
     assert list(data["scenarios"]) == list(SCENARIOS)
     for name, result in data["scenarios"].items():
         assert result["latency"]["n"] == 1, name
+        # CPU beside wall: a stop costs andon and its worker some, never more than it took
+        # on two cores (a generous bound: the figure is a sum over threads and processes)
+        if not result["reference"]:
+            assert 0 < result["cpu"]["p50"] <= 2 * result["latency"]["max"] + 0.05, name
         if name == "naive":
             # terminate() ends bash only: its jobs, the escapee and the daemon live on
             assert result["reference"] and result["survivors_max"] > 0

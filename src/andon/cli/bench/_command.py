@@ -289,6 +289,7 @@ def _interrupt_report(
                 ms(lat["p95"]),
                 ms(lat["p99"]),
                 ms(lat["max"]),
+                ms(j["cpu"]["p50"] if "cpu" in j else None),
                 ms(floor["p50"] if floor else None),
                 ms(floor["p99"] if floor else None),
                 ms(j["overhead_p50"]),
@@ -303,6 +304,7 @@ def _interrupt_report(
             rows.append(
                 [
                     f"{name} vs stop-all",
+                    "",
                     "",
                     "",
                     "",
@@ -324,6 +326,7 @@ def _interrupt_report(
         "p95",
         "p99",
         "max",
+        "CPU p50",
         "floor p50",
         "floor p99",
         "+p50",
@@ -336,7 +339,8 @@ def _interrupt_report(
         f"cancel -> durable turn/end (ms); {args.runs} runs per scenario; grace "
         f"{grace.term_after},{grace.kill_after}; containment {containment}; seed {args.seed}\n"
         "+p50/+p99: beyond the floor where there is one, else beyond the start of the grace "
-        "stage that ended the call; survivors and bytes after: max over runs, 100 ms after "
-        "turn/end\n" + table(headers, rows)
+        "stage that ended the call; CPU: andon's process and its workers (every thread), cancel "
+        "-> turn/end; survivors and bytes after: max over runs, 100 ms after turn/end\n"
+        + table(headers, rows)
     )
     return data, text, bad

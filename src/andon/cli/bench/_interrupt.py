@@ -46,6 +46,7 @@ from andon.testing import SHELL_SLEEP, STUBBORN, TRAP_INT, MockModelServer, benc
 from andon.workers import ToolRegistry
 
 from . import _floors
+from ._cpu import CpuMeter
 from ._stats import summary
 
 __all__ = ["SCENARIOS", "ScenarioResult", "run_interrupt"]
@@ -88,6 +89,7 @@ class ScenarioResult:
     stage_at: list[float] = field(default_factory=list)  # start of the ending stage, per run
     to_result: list[float] = field(default_factory=list)
     to_turn_end: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # andon's and its workers' CPU per stop
     floor_everything: list[float] = field(default_factory=list)  # tree: stop every process
     reference: bool = False  # naive: not andon, shows what is left without it
 
@@ -115,6 +117,8 @@ class ScenarioResult:
         else:
             beyond = [t - s for t, s in zip(self.latencies, self.stage_at, strict=True)]
             out |= {"overhead_p50": summary(beyond)["p50"], "overhead_p99": summary(beyond)["p99"]}
+        if self.cpu:
+            out["cpu"] = summary(self.cpu)
         if self.to_result:
             out["cancel_to_tool_result_appended"] = summary(self.to_result)
         if self.to_turn_end:
@@ -234,10 +238,13 @@ class Bench:
                     await is_ready.wait()
                     await asyncio.sleep(self.rng.uniform(0, delay_max))  # a random moment
                     wall = time.time()
+                    cpu = CpuMeter()
+                    cpu.start(self.pool.workers.values())
                     t = time.perf_counter()
                     agent.cancel(User())
                     await agent.when_idle()
                     latency = time.perf_counter() - t
+                    result.cpu.append(cpu.stop())
                     at_end = workspace_bytes(workspace)
                     await asyncio.wait_for(collector, 5)
                 await asyncio.sleep(AFTER)  # docs/benchmarks.md's 100 ms: survivors, late bytes
