@@ -40,6 +40,7 @@ import functools
 import os
 import select
 import signal as _signal
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ __all__ = [
     "snapshot",
     "stamp_tag",
     "stat",
+    "subtree",
     "tag_entry",
     "tagged",
     "wait_exited",
@@ -247,6 +249,71 @@ def descendants(root: int, procs: Iterable[ProcInfo]) -> list[ProcInfo]:
             found.append(child)
             stack.append(child.pid)
     return found
+
+
+def subtree(root: int) -> list[ProcInfo] | None:
+    """The descendants of ``root`` (``root`` excluded), found by walking the kernel's list of
+    each process's children (``/proc/PID/task/TID/children``), or ``None`` where the kernel has
+    no such lists (then :func:`snapshot` and :func:`descendants` do the same from every process).
+
+    The walk reads only the subtree: its cost follows the call's processes, not the machine's (a
+    CI runner may have thousands; a snapshot reads every one, several times in one stop). A
+    child whose pid was reused between the list and its ``stat`` has another parent and is
+    skipped. Like a snapshot, the walk is not atomic: a process that forks and exits while it is
+    read takes its new child out of the walk and stays behind as a zombie, which the caller
+    takes as "look again" (``CallProcesses._raced`` in the worker)."""
+    if not _children_lists():
+        return None
+    found: list[ProcInfo] = []
+    seen = {root}
+    stack = [root]
+    while stack:
+        parent = stack.pop()
+        for pid in _children_of(parent):
+            if pid in seen:
+                continue
+            info = stat(pid)
+            if info is None or info.ppid != parent:
+                continue  # gone, or a reused pid that is someone else's now
+            seen.add(pid)
+            found.append(info)
+            stack.append(pid)
+    return found
+
+
+def _children_of(pid: int) -> list[int]:
+    """The pids the kernel lists as children of any thread of ``pid`` (a subreaper's adopted
+    orphans may hang under any of its threads)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        out.extend(int(word) for word in b"".join(chunks).split())
+    return out
+
+
+_CHILDREN_LISTS: list[bool] = []  # looked up once: the kernel's CONFIG_PROC_CHILDREN
+
+
+def _children_lists() -> bool:
+    if not _CHILDREN_LISTS:
+        tid = threading.get_native_id()
+        _CHILDREN_LISTS.append(os.path.exists(f"/proc/{os.getpid()}/task/{tid}/children"))
+    return _CHILDREN_LISTS[0]
 
 
 def tag_entry(tag: str) -> bytes:

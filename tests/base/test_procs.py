@@ -147,3 +147,29 @@ def test_a_pidfd_numbered_past_1024_is_still_watched() -> None:
         child.wait(timeout=30)
         if soft <= 1100:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_subtree_finds_every_descendant_as_the_whole_proc_scan_does() -> None:
+    # bash -> (bash -> sleep) x3 and a sleep of its own: children and grandchildren, a multi-level
+    # tree; the walk of the children lists and the scan of every process must agree on it.
+    # Each shell says a line once it has forked its sleep: the tree is whole after four lines.
+    script = "for i in 1 2 3; do (sleep 60 & echo sub; wait) & done; sleep 60 & echo up; wait"
+    leader = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert leader.stdout is not None
+        assert sorted(leader.stdout.readline() for _ in range(4)) == [b"sub\n"] * 3 + [b"up\n"]
+        walked = procs.subtree(os.getpid())
+        if walked is None:
+            pytest.skip("this kernel lists no children (CONFIG_PROC_CHILDREN)")
+        scanned = procs.descendants(os.getpid(), procs.snapshot())
+        mine = {p.pid for p in scanned}
+        assert leader.pid in mine and len(mine) >= 8  # the leader, 3 subshells, 4 sleeps
+        # Anything else this test process runs (pytest's own helpers) is in both alike.
+        assert {p.pid for p in walked} == mine
+        assert all(p.ppid in mine | {os.getpid()} for p in walked)
+    finally:
+        for p in procs.descendants(os.getpid(), procs.snapshot()):
+            procs.signal_key(p.key, signal.SIGKILL)
+        leader.wait()
+        if leader.stdout is not None:
+            leader.stdout.close()

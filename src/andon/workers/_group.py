@@ -69,11 +69,17 @@ class CallProcesses:
         # With a cgroup, the /proc scan is needed only when something may have left it: a
         # process outside the cgroup that is ours is, as a subreaper's, below one of our children.
         if self.cgroup is None or _has_children():
-            everything = procs.snapshot()
-            if self.pinned:
-                found.update((p.pid, p) for p in everything if p.pgid == self.pgid)
+            # As a subreaper, every process of the call is the worker's descendant (the group's
+            # members too: nothing outside the call's session can join its group), so the walk
+            # of the worker's own subtree finds them all without reading the whole machine.
+            below = procs.subtree(self.worker_pid)
+            if below is None:  # a kernel without children lists: the same from every process
+                everything = procs.snapshot()
+                if self.pinned:
+                    found.update((p.pid, p) for p in everything if p.pgid == self.pgid)
+                below = procs.descendants(self.worker_pid, everything)
             # A reaped leader's group id may belong to a stranger now; our descendants are ours.
-            found.update((p.pid, p) for p in procs.descendants(self.worker_pid, everything))
+            found.update((p.pid, p) for p in below)
         found.pop(self.worker_pid, None)
         found.pop(os.getpid(), None)
         return [p for p in found.values() if include_zombies or not p.zombie]
