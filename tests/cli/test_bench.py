@@ -175,6 +175,9 @@ def test_exit_runs_andon_beside_the_bare_baseline(capsys: pytest.CaptureFixture[
     # then killed by their tag), which is what sets it apart from a complete stop.
     assert data["baseline"]["survivors_max"] > 0
     assert isinstance(data["goal_met"], bool)
+    # CPU beside wall: the whole run of each (an interpreter at least: tens of milliseconds)
+    assert data["andon"]["cpu"]["p50"] > 0.01 and data["baseline"]["cpu"]["p50"] > 0.01
+    assert 0 < data["andon"]["to_turn_end"]["p50"] < data["andon"]["latency"]["max"]
 
 
 @pytest.mark.slow

@@ -65,6 +65,30 @@ sys.exit(asyncio.run(main()))
 """
 
 
+# Both programs run under this wrapper: a child subreaper that passes SIGINT on to its child,
+# says on stderr when the child exited (CLOCK_MONOTONIC, the clock the bench reads), reaps every
+# process of the run (what a program leaves is reparented to it and reaped once the bench has
+# counted and killed it) and then says the CPU time of all it reaped.
+_WRAPPER = """
+import ctypes, json, os, resource, signal, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+name, _, value = sys.argv[1].partition("=")  # the run's tag: the child's, not the wrapper's
+child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, name: value})
+signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
+code = child.wait()
+sys.stderr.write(json.dumps({"exited": time.monotonic(), "code": code}) + "\\n")
+sys.stderr.flush()
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+sys.stderr.write(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}) + "\\n")
+"""
+
+
 @dataclass
 class Side:
     """One program's runs: exit latencies, exit codes, what each left."""
@@ -75,12 +99,14 @@ class Side:
     survivors: list[int] = field(default_factory=list)
     # andon only: SIGINT -> its turn/end line on stdout (durable by then), the rest is leaving
     to_turn_end: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # the whole run: start, tree, stop, exit
 
     def to_json(self) -> dict[str, Any]:
         data = {
             "latency": summary(self.latencies),
             "exit_codes": sorted(set(self.codes)),
             "survivors_max": max(self.survivors),
+            "cpu": summary(self.cpu),
         }
         if self.to_turn_end:
             data["to_turn_end"] = summary(self.to_turn_end)
@@ -139,35 +165,39 @@ def _one(
 ) -> None:
     tag = secrets.token_hex(8)
     entry = f"{_floors.TAG_VAR}={tag}".encode()
-    env = {**os.environ, **(env_extra or {}), _floors.TAG_VAR: tag}
+    env = {**os.environ, **(env_extra or {})}
+    env.pop(_floors.TAG_VAR, None)
     proc = subprocess.Popen(
-        argv,
+        [sys.executable, "-c", _WRAPPER, entry.decode(), *argv],
         cwd=root,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         start_new_session=True,  # nothing of ours shares its group; the runner's view of a step
         preexec_fn=_floors.default_signals,
     )
     drain: threading.Thread | None = None
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
         _until_ready(proc.stdout)
         turn_end: list[float] = []
         drain = threading.Thread(target=_drain, args=(proc.stdout, turn_end), daemon=True)
         drain.start()
         time.sleep(rng.uniform(0.0, 0.05))  # a seeded random moment of the tool's run
-        t = time.perf_counter()
-        proc.send_signal(signal.SIGINT)
-        if not _floors.wait_exit(proc, 60):
-            raise RuntimeError("the program did not exit within 60 s of its SIGINT")
-        side.latencies.append(time.perf_counter() - t)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # the wrapper passes it on, for both programs alike
+        exited = _said(proc.stderr, "exited")  # blocks until the program has exited
+        side.latencies.append(exited["exited"] - t)
         if turn_end:
             side.to_turn_end.append(turn_end[0] - t)
-        side.codes.append(proc.returncode)
+        side.codes.append(exited["code"])
         time.sleep(AFTER)
         side.survivors.append(len(procs.tagged(entry, exclude=(os.getpid(),))))
+        _floors.kill_tagged(entry)  # what the baseline left, so that the wrapper can finish
+        side.cpu.append(_said(proc.stderr, "cpu")["cpu"])
+        if not _floors.wait_exit(proc, 30):
+            raise RuntimeError("the wrapper did not exit once the run's processes were gone")
     finally:
         if proc.poll() is None:
             procs.killpg_pinned(proc.pid, signal.SIGKILL)  # our unreaped child leads it
@@ -175,8 +205,18 @@ def _one(
         _floors.kill_tagged(entry)  # the baseline's survivors hold the pipe open until now
         if drain is not None:
             drain.join(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _said(stderr: IO[bytes], key: str) -> dict[str, Any]:
+    """The wrapper's next line on stderr, which must hold ``key``."""
+    line = stderr.readline()
+    said: dict[str, Any] = json.loads(line) if line.strip() else {}
+    if key not in said:
+        raise RuntimeError(f"the benchmark's wrapper ended without saying {key!r}")
+    return said
 
 
 def _drain(stdout: IO[bytes], turn_end: list[float]) -> None:
@@ -184,7 +224,7 @@ def _drain(stdout: IO[bytes], turn_end: list[float]) -> None:
     ``turn/end`` line arrives (it is printed once the record is durable)."""
     for line in stdout:
         if not turn_end and b'"turn/end"' in line:
-            turn_end.append(time.perf_counter())
+            turn_end.append(time.monotonic())
 
 
 def _until_ready(stdout: IO[bytes]) -> None:
@@ -226,10 +266,11 @@ def _report(
             ms(j["latency"]["max"]),
             ",".join(str(c) for c in j["exit_codes"]),
             j["survivors_max"],
+            ms(j["cpu"]["p50"]),
         ]
         for s, j in ((andon_side, a), (bare_side, b))
     ]
-    headers = ["SIGINT → exit (ms)", "p50", "p95", "max", "exit", "survivors"]
+    headers = ["SIGINT → exit (ms)", "p50", "p95", "max", "exit", "survivors", "run CPU p50"]
     verdict = "met" if met else "MISSED"
     split = ""
     if "to_turn_end" in a:
@@ -241,6 +282,8 @@ def _report(
     text = table(headers, rows) + (
         f"\n\nandon p50 - baseline p50 = {over * 1000:.2f} ms "
         f"(goal ≤ {GOAL_MS:.0f} ms: {verdict}); "
-        "the baseline stops neither the escapee nor the daemon" + split
+        "the baseline stops neither the escapee nor the daemon" + split + "; run CPU: every "
+        "process of the run, from its start to its end (the baseline's survivors until the "
+        "bench kills them, 100 ms after its exit)"
     )
     return data, text, bad
