@@ -65,7 +65,7 @@ class CallProcesses:
             return self._pgroup_members(include_zombies)
         if not self.maybe_any():
             return []
-        found = {p.pid: p for p in self._cgroup_members()}
+        found: dict[int, ProcInfo] = {}
         # With a cgroup, the /proc scan is needed only when something may have left it: a
         # process outside the cgroup that is ours is, as a subreaper's, below one of our children.
         if self.cgroup is None or _has_children():
@@ -80,6 +80,10 @@ class CallProcesses:
                 below = procs.descendants(self.worker_pid, everything)
             # A reaped leader's group id may belong to a stranger now; our descendants are ours.
             found.update((p.pid, p) for p in below)
+        if self.cgroup is not None:  # what the walk did not find (one stat per process, not two)
+            for pid in procs.cgroup_pids(self.cgroup):
+                if pid not in found and (info := procs.stat(pid)) is not None:
+                    found[pid] = info
         found.pop(self.worker_pid, None)
         found.pop(os.getpid(), None)
         return [p for p in found.values() if include_zombies or not p.zombie]
@@ -164,9 +168,18 @@ class CallProcesses:
             in_group = m.pgid == self.pgid
             if in_group and pinned:
                 reached.append(m)  # the killpg above reached it
-            elif (in_group or not group_only) and not m.zombie and procs.signal_key(m.key, sig):
+            elif (in_group or not group_only) and not m.zombie and self._signal_one(m, sig):
                 reached.append(m)
         return reached
+
+    def _signal_one(self, member: ProcInfo, sig: int) -> bool:
+        """Signal one member exactly. The worker's own child (the leader, or an orphan it adopted
+        as a subreaper: most of what a stop finds) is signalled by its number, which cannot name
+        a stranger while the child is unreaped, and only the reaper reaps, on this loop, never
+        during this synchronous pass: two system calls instead of a verified pidfd's six."""
+        if member.ppid == self.worker_pid:
+            return procs.kill_child(member.pid, sig)
+        return procs.signal_key(member.key, sig)
 
     async def wait_gone(self, timeout: float) -> bool:
         """Wait until no member is left; False on timeout. Event-driven, never a polling loop.
