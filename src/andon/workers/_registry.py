@@ -1,7 +1,8 @@
 """Tools: the ``@andon.tool`` decorator, JSON schemas from type hints, argument validation.
 
-A registry travels to local workers when they start (the forkserver pickles it with dill), so a
-tool defined in a user's module runs in the worker without being named anywhere else.
+A registry travels to local workers when they start (pickled for the forkserver: by reference, or
+by value with dill for a tool of a user's script), so a tool defined in a user's module runs in
+the worker without being named anywhere else.
 """
 
 from __future__ import annotations
