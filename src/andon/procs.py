@@ -46,8 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-import psutil
-
 __all__ = [
     "CLK_TCK",
     "KILL_SETTLE",
@@ -90,6 +88,10 @@ TAG_VAR = "ANDON_CALL_TAG"
 
 @functools.cache
 def _boot_time() -> float:
+    # psutil only here: the log's unix times need it, a worker's start does not (about 10 ms of
+    # imports in the forkserver, and in the CLI).
+    import psutil
+
     return float(psutil.boot_time())
 
 
