@@ -1,7 +1,8 @@
 """What a worker's start takes to the forkserver, and what it leaves out (docs/workers.md,
 Starting workers): a tool defined in a user's script reaches the worker without an import path
-(pickled by value, with dill, then only), and a pool of importable tools loads neither dill nor
-``multiprocess`` (andon has its own forkserver, and no resource tracker)."""
+(pickled by value, with dill, then only), a tool of an importable module goes by its name, and a
+pool of importable tools loads neither dill nor ``multiprocess`` (andon has its own forkserver,
+and no resource tracker)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,16 @@ def shout(text: str) -> str:
     import os  # the worker's __main__ is not this script: its globals are not there
     return text.upper() + "!!! from " + str(os.getpid())
 
-async def main(own: bool) -> None:
+async def main(which: str) -> None:
     registry = andon.tools.default()
-    if own:
+    if which == "own":
         registry = andon.tools.ToolRegistry([*registry, andon.tools.tool(shout)])
         request = ToolCallRequest("c1-1-1", "shout", json.dumps({"text": "hi"}), os.getcwd())
+    elif which == "module":
+        from tests.workers.pytools import env_probe  # @tool at module level
+        registry = andon.tools.ToolRegistry([*registry, env_probe])
+        arguments = json.dumps({"name": "ANDON_PROBE"})
+        request = ToolCallRequest("c1-1-1", "env_probe", arguments, os.getcwd())
     else:
         request = ToolCallRequest("c1-1-1", "bash", json.dumps({"command": "echo hi"}), os.getcwd())
     async with WorkerPool(WorkerPoolConfig(size=1), registry) as pool:
@@ -42,7 +48,7 @@ async def main(own: bool) -> None:
     print(json.dumps({"content": outcome.content, "error": outcome.error is not None,
                       "loaded": loaded, "me": os.getpid()}))
 
-asyncio.run(main(sys.argv[1] == "own"))
+asyncio.run(main(sys.argv[1]))
 """
 
 
@@ -53,7 +59,7 @@ def _run(tmp_path: Path, which: str) -> dict[str, object]:
     done = subprocess.run(
         [sys.executable, str(script), which],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": path},
+        env={**os.environ, "PYTHONPATH": path, "ANDON_PROBE": "probed"},
         capture_output=True,
         text=True,
         timeout=50,
@@ -79,4 +85,14 @@ def test_importable_tools_load_neither_dill_nor_multiprocess(tmp_path: Path) -> 
     result = _run(tmp_path, "default")
     assert result["error"] is False, result
     assert str(result["content"]).startswith("hi"), result
+    assert result["loaded"] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_of_an_importable_module_goes_by_name(tmp_path: Path) -> None:
+    """``@tool`` at a module's top level: the worker imports the module and takes that tool, so
+    no function is pickled by value and dill is not loaded."""
+    result = _run(tmp_path, "module")
+    assert result["error"] is False, result
+    assert result["content"] == "probed", result
     assert result["loaded"] == []
