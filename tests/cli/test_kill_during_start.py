@@ -1,7 +1,7 @@
 """kill -9 of ``andon run`` at any moment of the worker pool's start leaves nothing of it alive
-(docs/ci.md, Timeouts and cancellation): the forkserver and the resource tracker die with the
-thread that spawned them (a parent-death signal), and a worker, connected or still starting,
-watches the supervisor with a pidfd.
+(docs/ci.md, Timeouts and cancellation): the forkserver dies with the thread that spawned it (a
+parent-death signal), and a worker, connected or still starting, watches the supervisor with a
+pidfd.
 
 The start is made slow on purpose (``tests/cli/slow_start.py``: no worker says hello), and the
 SIGKILL lands at seeded moments from the command's start: while the log opens, the forkserver
@@ -72,8 +72,7 @@ def test_kill_9_at_any_moment_of_the_start_leaves_nothing(tmp_path: Path) -> Non
 def test_kill_9_while_the_forkserver_still_starts_takes_it_down(tmp_path: Path) -> None:
     """The forkserver held in its start-up (its first preload module never returns, as an import
     on a machine at load 50 takes seconds): no line of it can watch anything yet, and it does
-    not hold the alive pipe's end in its loop. SIGKILL of andon must take it down all the same,
-    and the resource tracker with it."""
+    not watch its socket yet. SIGKILL of andon must take it down all the same."""
     model = script(tmp_path / "m.json", [{"text": "ok"}])
     value = secrets.token_hex(8)
     entry = f"ANDON_KILL_CASE={value}".encode()
@@ -81,7 +80,7 @@ def test_kill_9_while_the_forkserver_still_starts_takes_it_down(tmp_path: Path) 
     proc = start_held(tmp_path, args, env(ANDON_KILL_CASE=value), stdout=subprocess.DEVNULL)
     try:
         helpers = procs.tagged(entry, exclude=(os.getpid(), proc.pid))
-        assert helpers  # the forkserver (held) and the resource tracker
+        assert helpers  # the forkserver (held)
         proc.kill()
         proc.wait()
         left = alive_after(procs.tagged(entry, exclude=(os.getpid(),)), timeout=BOUND)

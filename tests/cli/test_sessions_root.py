@@ -489,9 +489,9 @@ def test_two_runs_creating_the_same_session_one_wins_and_the_other_leaves_nothin
 
 @pytest.mark.timeout(120)
 def test_a_deep_tmpdir_still_starts_workers(tmp_path: Path) -> None:
-    """A CI runner's TMPDIR deep in its workspace: multiprocess puts the forkserver's socket in a
-    folder under it, and a path past AF_UNIX's 107 bytes failed every start ("AF_UNIX path too
-    long"); the forkserver's folder is then a short one of its own."""
+    """A CI runner's TMPDIR deep in its workspace: a socket path under it would be past
+    AF_UNIX's 107 bytes ("AF_UNIX path too long"), which once failed every start. The forkserver
+    is reached over a socket pair (no path), and the pool's own socket folder is a short one."""
     tmp = tmp_path / ("t" * 90)
     tmp.mkdir()
     model = script(

@@ -114,7 +114,7 @@ def _one(case: Case, root: Path) -> Ran:
 
 def _wait_for_worker(proc: subprocess.Popen[str], tag: bytes) -> None:
     """Until a worker of this andon exists: a process of its tag that is not andon's own child
-    (those are the forkserver and the resource tracker; a worker is the forkserver's child).
+    (that is the forkserver; a worker is the forkserver's child).
     Polled, with a deadline."""
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline and proc.poll() is None:

@@ -90,7 +90,7 @@ def short_dir() -> Iterator[Path]:
 def test_a_tool_that_deletes_the_runtime_folders_and_kills_the_workers(
     tmp_path: Path, short_dir: Path
 ) -> None:
-    # The tool wipes $TMPDIR (the forkserver's socket) and $XDG_RUNTIME_DIR (the pool's socket
+    # The tool wipes $TMPDIR and $XDG_RUNTIME_DIR (the pool's socket
     # and worker logs), then kills every worker of the pool (its own too: that call is lost).
     # The next call must be answered (run, here: the pool re-makes its folder) within the start
     # deadline, with no traceback on stderr.
@@ -151,7 +151,7 @@ def test_a_pool_that_cannot_start_any_worker_exits_6_with_a_summary(tmp_path: Pa
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         "import os, sys\n"
-        "if any('multiprocess.forkserver' in a for a in sys.orig_argv):\n"
+        "if any('andon.workers._forkserver' in a for a in sys.orig_argv):\n"
         "    os._exit(1)\n"
     )
     model = script(tmp_path / "one.json", ONE_CALL)

@@ -1,8 +1,8 @@
 """Signals while the forkserver is spawned (docs/ci.md, Timeouts and cancellation): the stop
-signals are blocked only in the thread that spawns it (the forkserver and the resource tracker
-inherit that mask), never in the thread that records them, so two signals in that window are
-recorded in the order they arrived. Pending together, the kernel would hand them over highest
-number first (SIGTERM before SIGINT), and the second would decide the exit code."""
+signals are blocked only in the thread that spawns it (the forkserver inherits that mask), never in
+the thread that records them, so two signals in that window are recorded in the order they
+arrived. Pending together, the kernel would hand them over highest number first (SIGTERM before
+SIGINT), and the second would decide the exit code."""
 
 from __future__ import annotations
 

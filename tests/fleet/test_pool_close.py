@@ -25,6 +25,7 @@ from andon.fleet import (
     WorkerPool,
     WorkerPoolConfig,
     WorkerSpec,
+    _forkserver,
 )
 from andon.fleet._pool_state import Phase
 from andon.llm import Scripted
@@ -208,10 +209,8 @@ def _alive(pid: int | None) -> bool:
 
 async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_them() -> None:
     """A fast close (docs/workers.md, Starting workers): idle workers are SIGKILLed rather than
-    asked to exit, and the forkserver and resource tracker the pool started are killed and reaped;
-    nothing of them outlives the close, not even a zombie."""
-    from multiprocess import forkserver, resource_tracker
-
+    asked to exit, and the forkserver the pool started is killed and reaped; nothing of them
+    outlives the close, not even a zombie."""
     from andon import procs
 
     pool = WorkerPool(WorkerPoolConfig(size=2), more_tools())
@@ -220,11 +219,10 @@ async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_
     infos = [procs.stat(pid) for pid in pool.workers.values()]
     workers = [procs.Pidfd.open(info.key) for info in infos if info is not None]
     assert len(workers) == 2
-    server = forkserver._forkserver._forkserver_pid
-    tracker = resource_tracker._resource_tracker._pid
-    assert _alive(server) and _alive(tracker)
+    server = _forkserver._forkserver_pid()
+    assert _alive(server)
     await pool.aclose()
-    assert not _alive(server) and not _alive(tracker)
+    assert server is not None and not _alive(server)
     with pytest.raises(ChildProcessError):  # reaped, not left as zombies
         os.waitid(os.P_PID, server, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222 (WNOHANG)
     for fd in workers:
@@ -232,17 +230,18 @@ async def test_the_close_ends_idle_workers_and_the_helpers_it_started_and_reaps_
         fd.close()
 
 
-async def test_a_tracker_running_before_the_pool_is_left_to_its_owner() -> None:
-    from multiprocess import resource_tracker
+async def test_the_forkserver_is_the_only_helper_a_pool_starts() -> None:
+    """No resource tracker or other helper process: while a pool is open, this process's only
+    child is the forkserver (the workers are its children)."""
+    from andon import procs
 
-    resource_tracker.ensure_running()  # somebody else's use of multiprocess, before andon's
-    tracker = resource_tracker._resource_tracker._pid
-    try:
-        async with WorkerPool(WorkerPoolConfig(size=1), more_tools()):
-            pass
-        assert _alive(tracker)
-    finally:
-        resource_tracker._resource_tracker._stop()
+    async with WorkerPool(WorkerPoolConfig(size=2), more_tools()) as pool:
+        await pool.wait_started()
+        children = [p.pid for p in procs.snapshot() if p.ppid == os.getpid()]
+        assert children == [_forkserver._forkserver_pid()]
+        for pid in pool.workers.values():
+            info = procs.stat(pid)
+            assert info is not None and info.ppid == children[0]
 
 
 @pytest.mark.timeout(180)
@@ -280,8 +279,6 @@ async def test_a_close_cut_short_by_a_stop_still_ends_the_workers_and_answers_th
     here a wedged one that would keep it waiting its whole ``stop_timeout``, cuts that wait short
     and nothing after it (docs/workers.md, The pool's life): the worker is killed, its call is
     answered, and the close's later steps still run (the launcher's close ends the forkserver)."""
-    from multiprocess import forkserver
-
     launcher = _StopsSeen()
     pool = WorkerPool(WorkerPoolConfig(size=1, stop_timeout=600), more_tools(), launcher=launcher)
     await pool.start()
@@ -289,7 +286,7 @@ async def test_a_close_cut_short_by_a_stop_still_ends_the_workers_and_answers_th
     task, rec, _ = await start(executor, _request("shell"))
     await rec.wait_output()
     (worker,) = pool.workers.values()
-    server = forkserver._forkserver._forkserver_pid
+    server = _forkserver._forkserver_pid()
     assert _alive(server)
     os.kill(worker, signal.SIGSTOP)  # it never reads the shutdown, never reports
     closing = asyncio.create_task(pool.aclose())

@@ -71,7 +71,7 @@ def test_kill_9_of_the_driver_leaves_no_worker_and_no_tool(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_sigterm_to_the_drivers_group_is_not_a_worker_loss(mode: str) -> None:
     proc, _ = _start_driver(mode)
-    os.killpg(proc.pid, signal.SIGTERM)  # the driver, its forkserver and resource tracker
+    os.killpg(proc.pid, signal.SIGTERM)  # the driver and its forkserver
     assert proc.stdout is not None
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0

@@ -1,12 +1,16 @@
-"""Local workers: forks of one ``multiprocess`` forkserver, watched through pidfds.
+"""Local workers: forks of andon's own forkserver, watched through pidfds.
 
-Workers are started through a forkserver with the worker modules preloaded (a few milliseconds a
-worker instead of ~100 ms for a fresh interpreter); the forkserver also hands each worker the tool
-registry (pickled with dill, so a tool defined in a user's script needs no import path). Each worker
-is held as a verified pidfd from the moment it exists and is signalled only through it.
+Workers are forked from a forkserver with the worker modules imported once (a few milliseconds a
+worker instead of ~100 ms for a fresh interpreter): a fresh interpreter running
+``andon.workers``'s forkserver, reached over a socket pair this process keeps the other end of.
+Each request hands it a worker's program and options, the tool registry with them (pickled by
+reference, or by value with dill when a tool is defined in a user's script, so it needs no import
+path); the answer is the worker's pid and a pidfd of it, opened by its parent, so each worker is
+held as a verified pidfd from the moment it exists and is signalled only through it.
 
 No worker holds a model API key (docs/workers.md, Tools): the forkserver is exec'd without
-them, and the workers and call processes are forks of it.
+them, and the workers and call processes are forks of it. Nothing else is started: no resource
+tracker, no file on disk (a tool's ``rm -rf /tmp/*`` cannot cut the pool off its forkserver).
 """
 
 from __future__ import annotations
@@ -16,17 +20,14 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import signal as _signal
-import tempfile
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar, Final
-
-import multiprocess
-import multiprocess.context
-from multiprocess import popen_forkserver, spawn
 
 from andon import procs
 from andon.base import Containment, ContainmentSetting, WorkerError, clean_text
@@ -37,14 +38,18 @@ from andon.fleet._launch import (
     WorkerLauncher,
     WorkerSpec,
 )
-from andon.fleet._spawner import STOP_SIGNALS, in_spawner
+from andon.fleet._spawner import STOP_SIGNALS, dying_with_this_thread, in_spawner
 from andon.protocol import Started
 from andon.workers import (
+    FORKSERVER_MODULE,
     CgroupTree,
     WorkerOptions,
     cgroup2_root,
     detect_mode,
+    dump_request,
+    read_reply,
     worker_main,
+    write_request,
 )
 
 __all__ = ["ForkserverLauncher"]
@@ -54,12 +59,17 @@ _log = logging.getLogger("andon.pool")
 
 
 class _LocalWorker(PidfdWorker):
-    def __init__(self, worker_id: str, process: Any, handle: procs.Pidfd | None) -> None:
-        super().__init__(worker_id, process.pid, handle)
-        self.process = process  # multiprocess.Process
-
     def describe(self) -> str:
         return f"worker {self.worker_id} (pid {self.pid})"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Forked:
+    """What the forkserver forked for one start: the worker's pid and its pidfd (None when it
+    had already exited and been reaped by the time the answer was read: gone)."""
+
+    pid: int
+    handle: procs.Pidfd | None
 
 
 class ForkserverLauncher(WorkerLauncher):
@@ -92,7 +102,6 @@ class ForkserverLauncher(WorkerLauncher):
                 # Random per pool: two pools in one process never share a tree.
                 self._cgroups = CgroupTree.new(root, os.getpid())
                 self._cgroups.create_base()
-        multiprocess.get_context("forkserver").set_forkserver_preload(_PRELOAD)
         _ForkserverUsers.acquire()
         self._held = True
 
@@ -125,28 +134,25 @@ class ForkserverLauncher(WorkerLauncher):
             max_message_bytes=setup.max_message_bytes,
         )
 
-        def process_of() -> _WorkerProcess:
-            # Called under _START_LOCK right before the fork: the forkserver running now is the
-            # worker's parent (a dead one is never respawned from there).
-            forked_by = dataclasses.replace(options, forkserver_pid=_forkserver_pid())
-            name = f"andon-worker-{worker_id}"
-            return _WorkerProcess(target=program, args=(forked_by,), name=name, daemon=True)
+        def request_for(server: _Forkserver) -> bytes:
+            # Made under _START_LOCK right before it is sent: the forkserver it goes to is the
+            # worker's parent (a worker checks that it still is, and that it lives).
+            return dump_request(program, dataclasses.replace(options, forkserver_pid=server.pid))
 
         _ensure_forkserver(self._hidden)
         try:
-            process = await _started(process_of, self._abandoned)
+            forked = await _started(request_for, self._abandoned)
         except _UNREACHABLE as error:
-            # Its listening socket is gone (multiprocess keeps it in the temporary folder, which a
-            # tool's ``rm -rf /tmp/*`` empties), or it ended (before it forked the worker, or as
-            # it started): a new forkserver, and once more.
+            # It ended (before it forked the worker, or as it started), or stopped answering:
+            # a new forkserver, and once more.
             ended = await _forkserver_ended(error)
             if ended is None:
-                _log.warning("the workers' forkserver lost its socket; starting a new one")
+                _log.warning("the workers' forkserver stopped answering; starting a new one")
             else:
                 _log.info("the workers' forkserver ended (%s); starting a new one", ended)
             _restart_forkserver(self._hidden)
             try:
-                process = await _started(process_of, self._abandoned)
+                forked = await _started(request_for, self._abandoned)
             except _UNREACHABLE as again:
                 ended = await _forkserver_ended(again)
                 if ended is None:
@@ -157,21 +163,7 @@ class ForkserverLauncher(WorkerLauncher):
                     f"the workers' forkserver ended as it started, twice ({ended})",
                     worker=worker_id,
                 ) from again
-        # multiprocess restarts a forkserver that died between the check above and the start
-        # (from the environment as it is then, keys and all): the worker is looked at, not
-        # trusted, and one that would hold a key never gets a call.
-        held = _forkserver_holds(self._hidden)
-        info = procs.stat(process.pid)
-        # The worker is the forkserver's child, so nothing of ours pins its pid: hold it as a
-        # verified pidfd from the start, and signal it only through that.
-        handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
-        if held and handle is not None:
-            procs.signal_group(handle, _signal.SIGKILL)
-            handle.close()
-            with contextlib.suppress(Exception):
-                process.join(5.0)
-            raise WorkerError(_holds_message(held), worker=worker_id)
-        return _LocalWorker(worker_id, process, handle)
+        return _LocalWorker(worker_id, forked.pid, forked.handle)
 
     def kill(self, worker: LaunchedWorker) -> None:
         assert isinstance(worker, _LocalWorker)
@@ -215,9 +207,7 @@ class ForkserverLauncher(WorkerLauncher):
 
     def release(self, worker: LaunchedWorker) -> None:
         assert isinstance(worker, _LocalWorker)
-        with contextlib.suppress(Exception):
-            worker.process.join(0)
-        worker.close_handle()
+        worker.close_handle()  # the forkserver, its parent, reaps it
 
     async def aclose(self) -> None:
         if self._held:
@@ -234,14 +224,15 @@ class ForkserverLauncher(WorkerLauncher):
                     _kill_unwanted(future)
                 else:
                     _log.warning("a cancelled worker start did not end within %gs", ABANDONED_WAIT)
-            _ForkserverUsers.stop_if_unused()  # what such a thread respawned, if anything
+            _ForkserverUsers.stop_if_unused()
         if self._cgroups is not None:
             self._cgroups.remove_all()
             self._cgroups = None
 
 
 _START_LOCK: Final = threading.Lock()
-"""One worker start at a time: each swaps a function of ``multiprocess.spawn`` while it runs."""
+"""One worker start at a time: a request and its answer share the one connection to the
+forkserver, and nothing else reads or closes it meanwhile."""
 
 
 ABANDONED_WAIT: Final = 10.0
@@ -250,11 +241,11 @@ forkserver, which answers in a moment, or is gone and fails it at once)."""
 
 
 async def _started(
-    process_of: Callable[[], Any], abandoned_starts: set[asyncio.Future[Any]]
-) -> Any:
+    request_for: Callable[[_Forkserver], bytes], abandoned_starts: set[asyncio.Future[Any]]
+) -> _Forked:
     """A new worker process, started off the event loop.
 
-    ``start`` waits until the forkserver has forked the worker, and a forkserver just spawned
+    The answer comes once the forkserver has forked the worker, and a forkserver just spawned
     answers only once it has imported the worker modules: seconds on a busy machine. On the loop,
     that wait would hold back every signal's handling, and a stop during the pool's start with
     it. In a thread, the start can be cancelled at once; the pool's close then kills the
@@ -262,9 +253,9 @@ async def _started(
     as unwanted."""
     abandoned = threading.Event()
     loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(None, _start_process, process_of, abandoned)
+    future = loop.run_in_executor(None, _start_process, request_for, abandoned)
     try:
-        return await asyncio.shield(future)
+        forked = await asyncio.shield(future)
     except asyncio.CancelledError:
         abandoned.set()  # a start still waiting for its turn does not begin
         future.add_done_callback(_kill_unwanted)
@@ -272,65 +263,92 @@ async def _started(
             abandoned_starts.add(future)  # the launcher's close waits for it
             future.add_done_callback(abandoned_starts.discard)
         raise
+    assert forked is not None  # only an abandoned start gives none
+    return forked
 
 
-def _start_process(process_of: Callable[[], Any], abandoned: threading.Event) -> Any:
+def _start_process(
+    request_for: Callable[[_Forkserver], bytes], abandoned: threading.Event
+) -> _Forked | None:
     with _START_LOCK:
         if abandoned.is_set():
             return None
-        if _forkserver_pid() is None:
-            # Gone since it was started (a pool's close killed it, say). Never from here:
-            # multiprocess would spawn a new one from this thread, with the environment as it is
-            # (keys and all), the stop signals unblocked and no parent-death signal.
+        server = _Forkserver.current
+        if server is None or not server.running() or not server.begin_use():
+            # Gone since it was started (a pool's close killed it, say). Never respawned from
+            # here: only _ensure_forkserver starts one, scrubbed, from the spawner thread.
             raise ConnectionRefusedError("the workers' forkserver is not running")
-        process = process_of()
-        process.start()
-        return process
+        try:
+            write_request(server.sock, request_for(server))
+            reply = read_reply(server.sock)
+        finally:
+            server.end_use()
+    if reply.error:
+        reason = os.strerror(reply.error)
+        raise OSError(reply.error, f"the workers' forkserver could not fork a worker: {reason}")
+    handle = None
+    if reply.fd is not None:
+        # Opened by the worker's parent before it could reap it: this very process.
+        handle = procs.Pidfd(reply.fd, procs.ProcessKey(reply.pid, reply.start))
+    return _Forked(reply.pid, handle)
 
 
 def _kill_unwanted(future: asyncio.Future[Any]) -> None:
-    """Kill the worker a cancelled start forked, if it forked one (safe to call twice)."""
+    """Kill the worker a cancelled start forked, if it forked one (safe to call twice: the
+    first closes its pidfd)."""
     if future.cancelled() or future.exception() is not None:
         return  # nothing was forked (the exception is read: it is not worth a warning)
-    process = future.result()
-    if process is None:
+    forked: _Forked | None = future.result()
+    if forked is None or forked.handle is None or forked.handle.fd < 0:
         return
-    info = procs.stat(process.pid)
-    handle = procs.Pidfd.open(info.key, zombie_ok=True) if info is not None else None
-    if handle is not None:
-        with handle:
-            procs.signal_group(handle, _signal.SIGKILL)
+    with forked.handle as handle:
+        procs.signal_group(handle, _signal.SIGKILL)
 
 
-class _WorkerPopen(popen_forkserver.Popen):  # type: ignore[misc]
-    """Starts a worker without re-running the parent's ``__main__`` in it.
+class _Forkserver:
+    """The running forkserver: this process's unreaped child (so its pid cannot be reused until
+    it is reaped here) and this process's end of the socket pair to it."""
 
-    multiprocess normally re-imports the parent's main script in every child (so that objects
-    defined there can be unpickled). For a worker that would re-run a user's driver script, or
-    pytest. The registry is pickled by value where needed (dill), so the main module is not needed:
-    leave it out of the preparation data.
-    """
+    current: ClassVar[_Forkserver | None] = None
 
-    def _launch(self, process_obj: Any) -> None:
-        original = spawn.get_preparation_data
+    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.process = process
+        self.pid = process.pid
+        self.sock = sock
+        self.closed = False
+        self._lock = threading.Lock()
+        self._users = 0
 
-        def without_main(name: str) -> dict[str, Any]:
-            data: dict[str, Any] = original(name)
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-            return data
+    def running(self) -> bool:
+        return not self.closed and procs.child_running(self.pid)
 
-        spawn.get_preparation_data = without_main
-        try:
-            super()._launch(process_obj)
-        finally:
-            spawn.get_preparation_data = original
+    def begin_use(self) -> bool:
+        """A start is about to use the socket (False: it is being stopped)."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._users += 1
+            return True
 
+    def end_use(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self.closed and self._users == 0:
+                self.sock.close()  # its stop left the close to the start that used it
 
-class _WorkerProcess(multiprocess.context.ForkServerProcess):  # type: ignore[misc]
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:
-        return _WorkerPopen(process_obj)
+    def stop(self) -> None:
+        """SIGKILL and reap it, and let go of the socket. A start waiting on the socket in its
+        thread gets end of file at once (``shutdown``; a close would not wake it) and closes the
+        socket once it is done with it."""
+        with self._lock:
+            self.closed = True
+            unused = self._users == 0
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            if unused:
+                self.sock.close()
+        procs.kill_child(self.pid, _signal.SIGKILL)
+        self.process.wait()
 
 
 def _ensure_forkserver(hidden: frozenset[str]) -> None:
@@ -340,11 +358,10 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
 
     Workers and their Python call processes are forks of it, never exec'd: the environment
     ``/proc`` shows for them is the one the forkserver was exec'd with, whatever their
-    ``os.environ`` says later. So the keys must be out of ``os.environ`` at the moment multiprocess
-    execs it (it passes the environment as it is then), and only then: the supervisor keeps its
-    own keys, which its model needs. The slot is the room a call process writes its call's tag
-    into (:func:`andon.procs.stamp_tag`), so it carries the tag like every process a shell
-    call starts.
+    ``os.environ`` says later. So the keys are left out of the environment it is exec'd with;
+    this process keeps its own keys, which its model needs. The slot is the room a call process
+    writes its call's tag into (:func:`andon.procs.stamp_tag`), so it carries the tag like every
+    process a shell call starts.
 
     The forkserver is one per process, shared by every pool. One already running whose
     environment holds a variable in ``hidden`` (a later pool brought a key variable the first did
@@ -355,110 +372,84 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     held = _forkserver_holds(hidden)
     if held:
         raise WorkerError(_holds_message(held))
-    if _forkserver_pid() is not None:
-        return  # running, and clean of every name asked for
-    names = (procs.TAG_VAR, *sorted(_Scrub.names))
-    # The forkserver (and multiprocess's resource tracker, started with it) live in the
-    # supervisor's process group, where a CI runner's SIGINT/SIGTERM/SIGHUP to the whole group
-    # also lands: one that dies of it (or prints a KeyboardInterrupt while its interpreter
-    # starts) takes the pool's start with it. Spawned with those signals blocked, they keep them
-    # blocked for life (neither unblocks them); the workers, forks of it, unblock every signal
-    # once they have their own session (workers/_main.py). They are spawned from a thread of
-    # their own (andon.fleet._spawner): andon's own signals stay in order, and a kill -9 of
-    # andon takes both down with it.
-    _short_temp_dir()
-    saved = {name: os.environ.get(name) for name in names}
-    try:
-        for name in _Scrub.names:
-            os.environ.pop(name, None)
-        os.environ[procs.TAG_VAR] = procs.TAG_SLOT
-        in_spawner(_spawn_helpers)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    server = _Forkserver.current
+    if server is not None:
+        if server.running():
+            return  # running, and clean of every name asked for
+        server.stop()  # ended (a tool killed it, say): reaped before a new one starts
+        _Forkserver.current = None
+    env = {k: v for k, v in os.environ.items() if k not in _Scrub.names}
+    env[procs.TAG_VAR] = procs.TAG_SLOT
+    # The forkserver lives in the supervisor's process group, where a CI runner's
+    # SIGINT/SIGTERM/SIGHUP to the whole group also lands: one that dies of it (or prints a
+    # KeyboardInterrupt while its interpreter starts) takes the pool's start with it. Spawned
+    # with those signals blocked, it keeps them blocked for life; the workers, forks of it,
+    # unblock every signal once they have their own session (workers/_main.py). It is spawned
+    # from a thread of its own (andon.fleet._spawner): andon's own signals stay in order, and a
+    # kill -9 of andon takes it down with it.
+    in_spawner(lambda: _spawn(env))
 
 
-def _spawn_helpers() -> None:
+def _spawn(env: dict[str, str]) -> None:
     """On the spawner thread (``andon.fleet._spawner``: the stop signals blocked there only,
-    and the helpers die with it, that is with this process)."""
-    from multiprocess import forkserver, resource_tracker
-
+    and what it spawns dies with it, that is with this process)."""
     if _SpawnWindow.hook is not None:
         _SpawnWindow.hook()
-    # The resource tracker blocks SIGINT/SIGTERM around its own spawn and *unblocks* them on
-    # its way out; started first, on its own, it cannot unblock them under the forkserver.
-    resource_tracker.ensure_running()
     _signal.pthread_sigmask(_signal.SIG_BLOCK, STOP_SIGNALS)
-    forkserver.ensure_running()
-
-
-_SUN_PATH_MAX = 107
-"""Bytes an ``AF_UNIX`` socket path may have on Linux (``sun_path`` holds 108, with its NUL)."""
-_LISTENER_NAME = len("/listener-") + 8
-"""What multiprocess adds to its temporary folder for the forkserver's socket
-(``tempfile.mktemp(prefix="listener-")``: eight random characters)."""
-
-
-def _short_temp_dir() -> None:
-    """Give multiprocess a temporary folder short enough for the forkserver's socket.
-
-    multiprocess makes its folder under ``$TMPDIR`` once and puts the forkserver's socket in it. A
-    CI runner's deep workspace ``TMPDIR`` makes that path longer than ``AF_UNIX`` allows, and then
-    no worker could ever start ("AF_UNIX path too long"): a private folder under ``/tmp`` serves
-    instead, as the pool's own socket folder does (``WorkerPool._start``)."""
-    from multiprocess import process, util
-
-    folder = util.get_temp_dir()
-    if len(os.fsencode(folder)) + _LISTENER_NAME <= _SUN_PATH_MAX:
-        return
-    short = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
-    # Removed at exit as multiprocess removes its own (what it made under TMPDIR is left to it).
-    util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
-    process.current_process()._config["tempdir"] = short
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        code = f"from {FORKSERVER_MODULE} import serve; serve()"
+        argv = [
+            sys.executable,
+            *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
+            "-c",
+            code,
+            str(theirs.fileno()),
+            *_PRELOAD,
+        ]
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+            preexec_fn=dying_with_this_thread(),
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()  # its copy is the forkserver's: at our end's close it sees end of file
+    _Forkserver.current = _Forkserver(process, ours)
 
 
 def _restart_forkserver(hidden: frozenset[str]) -> None:
-    """Replace a forkserver that can no longer be reached (its socket deleted). It is this
-    process's unreaped child: SIGKILLed, reaped, then started afresh, scrubbed as always. The
-    workers it forked are independent of it and keep running."""
-    from multiprocess import forkserver, util
-
-    # multiprocess made its temporary folder once and keeps using it: the new socket goes there.
-    folder = util.get_temp_dir()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    server = forkserver._forkserver
-    if server._forkserver_pid is not None:
-        procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
-        with contextlib.suppress(Exception):  # its socket file is already gone: unlink fails
-            server._stop()
-    server._forkserver_pid = None
-    server._forkserver_address = None
+    """Replace a forkserver that ended or stopped answering: SIGKILLed and reaped, then
+    started afresh, scrubbed as always. The workers it forked are independent of it and keep
+    running."""
+    server = _Forkserver.current
+    if server is not None:
+        server.stop()
+        _Forkserver.current = None
     _ensure_forkserver(hidden)
 
 
-_UNREACHABLE: Final = (ConnectionError, FileNotFoundError, EOFError)
-"""How a worker's start fails when the forkserver cannot be reached: its socket is gone
-(``FileNotFoundError``), nothing listens on it any more (``ConnectionRefusedError``), or it ended
-after it took the connection (``EOFError``, a reset or a broken pipe)."""
+_UNREACHABLE: Final = (ConnectionError, EOFError)
+"""How a worker's start fails when the forkserver cannot be reached: it is not running
+(``ConnectionRefusedError``), or it ended before it answered (``EOFError``, a reset or a broken
+pipe)."""
 
 
 async def _forkserver_ended(error: BaseException) -> str | None:
-    """How the forkserver ended ("exit status 1"), or None when it runs and only its socket was
-    lost (deleted from the temporary folder).
+    """How the forkserver ended ("exit status 1"), or None when it still runs (it stopped
+    answering).
 
-    A refused or dropped connection means it is ending: its sockets close as it exits, a moment
-    before its exit can be seen, so that moment is waited for (on the loop, at most
+    A dropped connection means it is ending: its socket closes as it exits, a moment before
+    its exit can be seen, so that moment is waited for (on the loop, at most
     ``FORKSERVER_EXIT_WAIT``)."""
-    from multiprocess import forkserver
-
-    pid: int | None = forkserver._forkserver._forkserver_pid
-    if pid is None:
+    server = _Forkserver.current
+    if server is None or server.closed:
         return "it was not running"
-    if isinstance(error, FileNotFoundError) and procs.child_running(pid):
-        return None
+    pid = server.pid
     ended = procs.child_ended(pid)
     if ended is not None:
         return ended
@@ -484,8 +475,8 @@ async def _forkserver_ended(error: BaseException) -> str | None:
 
 
 FORKSERVER_EXIT_WAIT: Final = 10.0
-"""Seconds a failed start waits for a forkserver that refused or dropped its connection to be
-seen to exit (a moment; far longer only on a machine too loaded to schedule it)."""
+"""Seconds a failed start waits for a forkserver that dropped its connection to be seen to exit
+(a moment; far longer only on a machine too loaded to schedule it)."""
 
 
 def _own_start() -> int | None:
@@ -509,12 +500,10 @@ class _Scrub:
 
 
 def _forkserver_pid() -> int | None:
-    """The running forkserver's pid, or None. Never reaps it (multiprocess does, and restarts
-    a dead one itself); it is this process's unreaped child, so the pid cannot be reused."""
-    from multiprocess import forkserver
-
-    pid: int | None = forkserver._forkserver._forkserver_pid
-    return pid if pid is not None and procs.child_running(pid) else None
+    """The running forkserver's pid, or None. Never reaps it: it is this process's unreaped
+    child, so the pid cannot be reused."""
+    server = _Forkserver.current
+    return server.pid if server is not None and server.running() else None
 
 
 def _forkserver_holds(names: frozenset[str]) -> list[str]:
@@ -541,26 +530,17 @@ def _holds_message(held: list[str]) -> str:
 
 
 class _ForkserverUsers:
-    """The forkserver (and multiprocess's resource tracker) are per-process singletons: the last
-    pool to close stops them, so a closed pool leaves no helper process behind.
+    """The forkserver is a per-process singleton: the last pool to close stops it, so a closed
+    pool leaves no helper process behind.
 
-    Stopped with SIGKILL, then reaped: asked politely, each would exit through a full interpreter
-    teardown (about 25 and 15 ms measured, on the exit path of every ``andon run``), and neither
-    holds anything by then: the forkserver only forks workers (none is being started once the
-    last pool closed), and the tracker only tracks named resources, which andon never creates.
-    The forkserver is andon's (the pools set its preload and start it, and multiprocess restarts
-    it for them); a tracker that was already running when the first of the open pools started
-    belongs to whoever started it and is left alone (``foreign_tracker``)."""
+    Stopped with SIGKILL, then reaped: it holds nothing by then (it only forks workers, and none
+    is being started once the last pool closed), and a kill costs no interpreter teardown on the
+    exit path of every ``andon run``."""
 
     count = 0
-    foreign_tracker: ClassVar[int | None] = None
 
     @classmethod
     def acquire(cls) -> None:
-        if cls.count == 0:
-            from multiprocess import resource_tracker
-
-            cls.foreign_tracker = resource_tracker._resource_tracker._pid
         cls.count += 1
 
     @classmethod
@@ -570,24 +550,11 @@ class _ForkserverUsers:
 
     @classmethod
     def stop_if_unused(cls) -> None:
-        """Stop the forkserver and the tracker if no pool uses them (again, after the thread of
-        a cancelled start ended: multiprocess respawns either from the thread that starts a
-        worker when it finds it gone, and such a late start must not leave one running)."""
+        """Stop the forkserver if no pool uses it (again, after the thread of a cancelled start
+        ended)."""
         if cls.count > 0:
             return
-        from multiprocess import forkserver, resource_tracker
-
-        server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
-        ours_server = server._forkserver_pid is not None
-        ours_tracker = tracker._pid is not None and tracker._pid != cls.foreign_tracker
-        # Both killed first, then both reaped: their exits overlap.
-        if ours_server:
-            procs.kill_child(server._forkserver_pid, _signal.SIGKILL)
-        if ours_tracker:
-            procs.kill_child(tracker._pid, _signal.SIGKILL)
-        if ours_server:
-            with contextlib.suppress(Exception):
-                server._stop()  # closes its fds and reaps it
-        if ours_tracker:
-            with contextlib.suppress(Exception):
-                tracker._stop()
+        server = _Forkserver.current
+        if server is not None:
+            _Forkserver.current = None
+            server.stop()

@@ -1,45 +1,40 @@
-"""The thread that spawns the workers' forkserver and multiprocess's resource tracker (docs/ci.md,
-Timeouts and cancellation): one for the life of the process, with the stop signals blocked, and a
-parent-death signal for every process it spawns.
+"""The thread that spawns the workers' forkserver (docs/ci.md, Timeouts and cancellation): one for
+the life of the process, with the stop signals blocked, and a parent-death signal for every process
+it spawns (:func:`dying_with_this_thread`).
 
 Why a thread of its own, and for good:
 
 * A signal mask is per thread, and a child inherits the mask of the thread that forks it. The
-  helpers must start with SIGINT/SIGTERM/SIGHUP blocked (a CI runner signals the whole group, and
+  forkserver must start with SIGINT/SIGTERM/SIGHUP blocked (a CI runner signals the whole group, and
   one that dies of it takes the pool's start with it), but the thread that records andon's own
   signals must never block them: two signals pending together are handed over highest number
   first (the kernel keeps a set, not a queue; ``sigwaitinfo`` and a signalfd read that set in
   number order too), so the second could decide the exit code. Blocked only here, each signal is
   delivered as it arrives and recorded in that order.
 * ``PR_SET_PDEATHSIG`` kills a child when the *thread* that forked it ends, not the process. A
-  short-lived thread would kill the helpers as it ends; this one ends only with the process, which
-  is exactly when they must go. So a ``kill -9`` of andon at any moment takes them down at once,
-  even while their interpreters still start (seconds on a busy runner), before any line of theirs
+  short-lived thread would kill the forkserver as it ends; this one ends only with the process,
+  which is exactly when it must go. So a ``kill -9`` of andon at any moment takes it down at
+  once, even while its interpreter still starts (seconds on a busy runner), before any line of it
   could watch anything.
 
-The caller waits for the spawn synchronously: nothing else of the process runs meanwhile (the
-environment is scrubbed for the spawn and restored after it).
+The caller waits for the spawn synchronously.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import queue
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
-__all__ = ["STOP_SIGNALS", "in_spawner"]
+__all__ = ["STOP_SIGNALS", "dying_with_this_thread", "in_spawner"]
 
 STOP_SIGNALS: Final = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 _PR_SET_PDEATHSIG: Final = 1
-# ``_posixsubprocess.fork_exec``'s arguments (CPython 3.11 to 3.13): 23, ``preexec_fn`` at 21.
-_FORK_EXEC_ARGS: Final = 23
-_PREEXEC: Final = 21
 
 
 def in_spawner(job: Callable[[], None]) -> None:
@@ -84,48 +79,20 @@ class _Spawner:
         while True:
             job, failed, done = jobs.get()
             try:
-                # Again before every job: multiprocess's resource tracker unblocks SIGINT and
-                # SIGTERM in the calling thread once it has spawned its process.
+                # Again before every job: whatever a job did to this thread's mask is undone.
                 signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-                with _dying_with_this_thread():
-                    job()
+                job()
             except BaseException as e:
                 failed.append(e)
             finally:
                 done.set()
 
 
-@contextlib.contextmanager
-def _dying_with_this_thread() -> Iterator[None]:
-    """Every process this thread spawns through ``_posixsubprocess`` (as multiprocess does) gets
-    SIGKILL as its parent-death signal. Other threads' spawns pass through untouched; on a Python
-    whose ``fork_exec`` has another shape, the children start as before, without it."""
-    import _posixsubprocess
-
-    original = _posixsubprocess.fork_exec
-    me = threading.get_ident()
-    preexec = _pdeathsig_preexec()
-
-    def fork_exec(*args: Any) -> Any:
-        if (
-            threading.get_ident() == me
-            and preexec is not None
-            and len(args) == _FORK_EXEC_ARGS
-            and args[_PREEXEC] is None
-        ):
-            args = (*args[:_PREEXEC], preexec, *args[_PREEXEC + 1 :])
-        return original(*args)
-
-    _posixsubprocess.fork_exec = fork_exec
-    try:
-        yield
-    finally:
-        _posixsubprocess.fork_exec = original
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """What the child runs between fork and exec: SIGKILL when its parent thread ends, and an exit
-    at once if the parent is already gone (it may have died before the signal was asked for)."""
+def dying_with_this_thread() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a process spawned on the spawner thread: SIGKILL when its parent
+    thread (this one, which ends only with the process) ends, and an exit at once if the parent
+    is already gone (it may have died before the signal was asked for). None where ``prctl``
+    cannot be reached: the child starts as before, without it."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):

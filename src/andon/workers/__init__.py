@@ -9,6 +9,13 @@ from andon.workers._containment import (
     cgroup2_root,
     detect_mode,
 )
+from andon.workers._forkserver import (
+    FORKSERVER_MODULE,
+    ForkReply,
+    dump_request,
+    read_reply,
+    write_request,
+)
 from andon.workers._main import Worker, WorkerOptions, worker_main
 from andon.workers._program import (
     KEYS_END,
@@ -30,9 +37,11 @@ from andon.workers._registry import (
 
 __all__ = [
     "BASH",
+    "FORKSERVER_MODULE",
     "KEYS_END",
     "ArgumentError",
     "CgroupTree",
+    "ForkReply",
     "Tool",
     "ToolKind",
     "ToolRegistry",
@@ -43,11 +52,14 @@ __all__ = [
     "default",
     "default_worker_id",
     "detect_mode",
+    "dump_request",
     "load_tools",
     "read_keys",
+    "read_reply",
     "run_worker_program",
     "schema_from_signature",
     "tool",
     "validate_arguments",
     "worker_main",
+    "write_request",
 ]

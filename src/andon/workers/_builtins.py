@@ -17,7 +17,6 @@ import contextlib
 import fnmatch
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,6 +89,8 @@ def write_file(path: str, content: str) -> str:
 
 def _replace(target: Path, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # only for a file written whole: no worker's start pays its imports
+
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:

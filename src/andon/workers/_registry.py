@@ -1,13 +1,16 @@
 """Tools: the ``@andon.tool`` decorator, JSON schemas from type hints, argument validation.
 
-A registry travels to local workers when they start (the forkserver pickles it with dill), so a
-tool defined in a user's module runs in the worker without being named anywhere else.
+A registry travels to local workers when they start (pickled for the forkserver: a tool of an
+importable module by its name, a tool of a user's script by value, with dill), so a tool defined
+in a user's module runs in the worker without being named anywhere else.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -54,6 +57,23 @@ class Tool:
     is_async: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled by name where the tool is an attribute of an importable module under its
+        function's name (``@tool`` at module level): the worker imports the module and takes that
+        very tool. Otherwise field by field, as any dataclass (then a function that its module
+        does not name, such as ``@tool``'s, takes dill to pickle: by value)."""
+        fn = self.fn
+        module_name = getattr(fn, "__module__", None)
+        qualname = getattr(fn, "__qualname__", "")
+        module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+        if module is not None and module_name != "__main__" and "<" not in qualname:
+            found: Any = module
+            for part in qualname.split("."):
+                found = getattr(found, part, None)
+            if found is self:
+                return (_tool_named, (module_name, qualname))
+        return object.__reduce_ex__(self, protocol)
+
     def openai_schema(self) -> dict[str, Any]:
         """The tool as an OpenAI ``tools`` entry."""
         return {
@@ -64,6 +84,16 @@ class Tool:
                 "parameters": dict(self.parameters),
             },
         }
+
+
+def _tool_named(module_name: str, qualname: str) -> Tool:
+    """The tool ``module_name`` names ``qualname`` (how a tool pickled by name is loaded)."""
+    found: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    if not isinstance(found, Tool):
+        raise TypeError(f"{module_name}.{qualname} is no longer a tool")
+    return found
 
 
 class ArgumentError(ValueError):
