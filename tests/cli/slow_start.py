@@ -6,6 +6,9 @@ With ``HOLD_SPAWN=FIFO`` in its environment, the forkserver's spawn window (the 
 blocked where the forkserver is spawned) is held open: it says ``spawn window held`` on stderr,
 then waits until a writer opens ``FIFO`` and closes it. With ``PRELOAD=MODULE``, the forkserver
 imports ``MODULE`` first (from its working directory, this process's), before andon's own modules.
+The forkserver is not started ahead (``andon.cli._prestart_forkserver``) unless ``PRESTART=1``:
+the window the tests hold is the pool's own start, inside the run; with ``PRESTART=1`` it is the
+one at the command's very start, before anything else.
 
 The command's own entry module is imported first, so the signal handlers are in place exactly as
 in ``andon``; the faulty launcher (tests/faulty_launcher.py) is set where the CLI builds its
@@ -44,6 +47,8 @@ def _patch() -> None:
         return out
 
     setattr(_run, "agent_options", with_fault)  # noqa: B010 (what _run calls, not exported)
+    if os.environ.get("PRESTART") != "1":
+        setattr(andon.cli, "_prestart_forkserver", lambda argv: None)  # noqa: B010
     fifo = os.environ.get(HOLD_VAR)
     if fifo:
         from andon.fleet import _forkserver

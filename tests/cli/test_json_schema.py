@@ -226,7 +226,8 @@ def test_liveness_lines_match_the_schema(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     events = assert_every_line_valid(result.stdout)
     assert events[0]["type"] == "session/start"
-    assert "andon: still starting:" in result.stderr
+    # Only the silent tool's lines are on stdout: a start-up line (said if the start outlasts
+    # the interval, which a forkserver started ahead often does not) goes to stderr alone.
     assert {e["phase"] for e in events if e["type"] == "run/progress"} == {"tool"}
 
 

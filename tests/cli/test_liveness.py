@@ -296,9 +296,9 @@ def test_the_flag_wins_and_0_turns_the_lines_off(tmp_path: Path) -> None:
 def test_a_slow_start_is_said(tmp_path: Path, killer: list[Any]) -> None:
     model, release = silent_until(tmp_path)
     release.touch()  # the tool itself is quick: only the start is watched here
-    # An interval shorter than any worker start (a process that imports pyzmq): the start-up
-    # line must come, and from ANDON_PROGRESS_INTERVAL.
-    proc = start_run(tmp_path, model, ANDON_PROGRESS_INTERVAL="0.05")
+    # An interval shorter than any worker start (a fork that connects and says hello, even from
+    # a forkserver started ahead): the start-up line must come, from ANDON_PROGRESS_INTERVAL.
+    proc = start_run(tmp_path, model, ANDON_PROGRESS_INTERVAL="0.001")
     killer.append(proc)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

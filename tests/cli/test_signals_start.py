@@ -249,6 +249,32 @@ def _reading_stdin(pid: int) -> bool:
     return fields[:2] == ["0", "0x0"]
 
 
+def test_a_signal_while_the_forkserver_is_started_ahead_stops_before_anything_started(
+    tmp_path: Path,
+) -> None:
+    """``andon run`` starts the forkserver first thing (andon.cli._prestart_forkserver): a
+    SIGINT in that spawn window is a stop before anything started, and the forkserver, spawned
+    all the same by its thread, is stopped at the exit: nothing is left, no session exists."""
+    tag = secrets.token_hex(8)
+    model = script(tmp_path / "m.json", [{"text": "ok"}])
+    fifo = tmp_path / "hold"
+    os.mkfifo(fifo)
+    session = tmp_path / "s"
+    args = ["run", "--json", "--session", str(session), "--model", model, "go"]
+    environ = env(ANDON_SIGNAL_CASE=tag, HOLD_SPAWN=str(fifo), PRESTART="1")
+    proc = start_slow(tmp_path, args, environ, until="spawn window held")
+    try:
+        _deliver(proc.pid, signal.SIGINT)
+    finally:
+        out, err = _release(proc, fifo)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "stopped before anything started" in err and "Traceback" not in err
+    assert not session.exists()
+    assert json.loads(out.splitlines()[-1])["exit_code"] == 130
+    entry = f"ANDON_SIGNAL_CASE={tag}".encode()
+    assert not alive_after(procs.tagged(entry, exclude=(os.getpid(),)), timeout=5.0)
+
+
 def test_json_prints_the_summary_for_a_signal_before_the_session_exists(tmp_path: Path) -> None:
     """A signal while ``andon run --json`` reads its prompt from stdin (before the session
     exists): one line on stderr, exit 128 + n, and ``run/summary`` as the last stdout line."""

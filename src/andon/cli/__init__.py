@@ -45,6 +45,7 @@ def main() -> int:
     _without_httpx_cli()
     try:
         try:
+            _prestart_forkserver(sys.argv[1:])
             from andon.cli._main import main as cli_main
 
             code = cli_main()
@@ -83,7 +84,35 @@ def _without_httpx_cli() -> None:
         sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
+def _prestart_forkserver(argv: list[str]) -> None:
+    """``andon run`` and ``andon resume`` start the workers' forkserver first thing, so that its
+    interpreter starts and imports the worker side while this one imports the command and parses
+    it: both take about as long, and the first tool waits for the sum otherwise (docs/workers.md,
+    Starting workers). Without the model key variables, as always; a pool that needs more hidden
+    replaces it. Not for help, nor where workers run elsewhere (``--workers-in``,
+    ``ANDON_WORKERS_IN``: an ``andon.toml`` that says so costs one unused forkserver, stopped at
+    the exit). A failure here is nobody's business: the pool starts one itself."""
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    commands = [w for w in words if not w.startswith("-")]
+    if not commands or commands[0] not in ("run", "resume"):
+        return
+    if {"-h", "--help"} & set(words) or any(w.startswith("--workers-in") for w in words):
+        return
+    if os.environ.get("ANDON_WORKERS_IN", "local").strip() not in ("", "local"):
+        return
+    with contextlib.suppress(Exception):
+        from andon.base import API_KEY_ENV_VARS
+        from andon.fleet import ForkserverLauncher
+
+        ForkserverLauncher.prestart(API_KEY_ENV_VARS)
+
+
 def _leave(code: int) -> None:
+    # A forkserver started ahead that no pool took (the command ended early) goes first.
+    fleet = sys.modules.get("andon.fleet")
+    if fleet is not None:
+        with contextlib.suppress(Exception):
+            fleet.ForkserverLauncher.stop_unused()
     # What the output's writer threads still hold (the last stderr lines, say) goes out first,
     # within their own bounds: os._exit runs no atexit hook.
     writer = sys.modules.get("andon.cli._writer")

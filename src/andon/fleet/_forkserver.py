@@ -209,6 +209,29 @@ class ForkserverLauncher(WorkerLauncher):
         assert isinstance(worker, _LocalWorker)
         worker.close_handle()  # the forkserver, its parent, reaps it
 
+    def closing(self) -> None:
+        """The last open pool's close SIGKILLs the forkserver right away: it starts no worker
+        any more, and its exit overlaps the workers' (aclose reaps it)."""
+        if self._held and _ForkserverUsers.count == 1:
+            server = _Forkserver.current
+            if server is not None:
+                procs.kill_child(server.pid, _signal.SIGKILL)
+
+    @staticmethod
+    def prestart(hidden: Iterable[str]) -> None:
+        """Start the forkserver now, before any pool asks for it, without the variables in
+        ``hidden``: ``andon run`` does so first thing, so that the forkserver's interpreter
+        starts while the command imports and parses (docs/workers.md, Starting workers). A pool
+        that needs another variable hidden replaces it, as it has forked nothing yet; one that
+        no pool took is stopped by :meth:`stop_unused`."""
+        _ensure_forkserver(frozenset(hidden))
+
+    @staticmethod
+    def stop_unused() -> None:
+        """Stop (SIGKILL and reap) the forkserver if no pool uses it: a prestarted one that no
+        pool took (the command ended early, or its workers run elsewhere)."""
+        _ForkserverUsers.stop_if_unused()
+
     async def aclose(self) -> None:
         if self._held:
             self._held = False
@@ -279,6 +302,7 @@ def _start_process(
             # here: only _ensure_forkserver starts one, scrubbed, from the spawner thread.
             raise ConnectionRefusedError("the workers' forkserver is not running")
         try:
+            server.asked += 1
             write_request(server.sock, request_for(server))
             reply = read_reply(server.sock)
         finally:
@@ -316,6 +340,7 @@ class _Forkserver:
         self.pid = process.pid
         self.sock = sock
         self.closed = False
+        self.asked = 0  # requests sent: one never asked holds nothing anyone uses
         self._lock = threading.Lock()
         self._users = 0
 
@@ -370,9 +395,14 @@ def _ensure_forkserver(hidden: frozenset[str]) -> None:
     """
     _Scrub.names |= hidden
     held = _forkserver_holds(hidden)
-    if held:
-        raise WorkerError(_holds_message(held))
     server = _Forkserver.current
+    if held and server is not None and server.asked == 0:
+        # Started ahead (ForkserverLauncher.prestart) and never asked for a worker: no process
+        # holds what it holds, so it is replaced rather than refused.
+        server.stop()
+        _Forkserver.current = server = None
+    elif held:
+        raise WorkerError(_holds_message(held))
     if server is not None:
         if server.running():
             return  # running, and clean of every name asked for

@@ -215,5 +215,10 @@ class WorkerLauncher(abc.ABC):
         """Keep ``names`` out of workers started from now on; raise ``WorkerError`` if running
         workers already hold one of them."""
 
+    def closing(self) -> None:  # noqa: B027 - optional
+        """The pool closes: it starts no worker any more, and has just killed its idle ones. A
+        helper that only starts workers (a forkserver) may be ended now, without waiting, so
+        that its exit overlaps the workers'; :meth:`aclose` still waits for it."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional
         """Called once by the pool, after every worker has ended."""

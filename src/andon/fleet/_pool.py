@@ -531,6 +531,8 @@ class WorkerPool:
         # through their interpreters' teardown (docs/workers.md, Starting workers).
         idle = [w for w in live if w.lease is None]
         self._kill_all(idle)
+        with contextlib.suppress(Exception):
+            self.launcher.closing()  # its helpers die beside the workers, not after them
         try:
             await self._shut_down(busy)
         finally:
