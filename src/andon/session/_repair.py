@@ -32,9 +32,10 @@ from typing import final
 
 from andon.base import Clock, SessionError, SystemClock, naming_file
 from andon.session._create import is_temporary
+from andon.session._index import Reading
 from andon.session._leftovers import Leftover, kill_leftovers, plan_for
 from andon.session._lock import SessionLock
-from andon.session._reader import RecordStream, TornTail, log_path
+from andon.session._reader import TornTail, log_path
 from andon.session._records import Record, SessionRepaired, encode_line
 from andon.session._tail import ClosingTexts, Tail, closing_data
 from andon.session._values import Interrupted
@@ -203,14 +204,16 @@ def _save_torn_tail(log: Path, torn: TornTail) -> str:
 def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: bool) -> _Outcome:
     """Read and (unless ``dry_run``) repair a session whose lock the caller holds."""
     log = log_path(folder)
-    stream = RecordStream(log, label=str(folder))
-    tail = Tail()
+    # Whoever wants every record reads them all; otherwise the index spares reading what it
+    # covers (docs/log-format.md, The index of a long log). Either read leaves one if long.
+    reading = Reading(folder, label=str(folder), use_index=not keep_events)
+    tail = reading.scan.tail
     events: list[Record] = []
-    for record in stream:
-        tail.feed(record)
+    for record in reading.stream:
+        reading.scan.feed(record)
         if keep_events:
             events.append(record)
-    torn = stream.torn
+    torn = reading.stream.torn
 
     # Nothing to close in a log that has no complete record (a crash during the very first append):
     # a session/repaired there would break "the first record is session/start".
@@ -219,6 +222,8 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
 
     if torn is None and not closing:
         report = RepairReport(dry_run, None, None, (), None, (), 0)
+        if not dry_run:
+            reading.save()
         return _Outcome(events, tail, report)
 
     if dry_run:
@@ -245,10 +250,14 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
     appended = [*closers, summary] if summary is not None else closers
     if not dry_run and appended:
         _append_whole_lines(log, appended)
-    for record in appended:
-        tail.feed(record)
-        if keep_events:
-            events.append(record)
+    if dry_run:
+        for record in appended:
+            tail.feed(record)
+    else:
+        reading.extend(appended)  # feeds the tail too
+        reading.save()
+    if keep_events:
+        events.extend(appended)
     report = RepairReport(dry_run, torn, torn_file, tuple(closers), summary, plan.processes, killed)
     return _Outcome(events, tail, report)
 
