@@ -16,31 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import ManualClock, User
+from andon.base import ManualClock
 from andon.session import (
-    AssistantChunk,
-    AssistantMessage,
-    AssistantReply,
-    Completed,
-    EventData,
-    ExitStatus,
     InboxSpliced,
-    LlmRequest,
-    ModelInfo,
     Record,
     SessionStart,
-    StepEnd,
-    StepStart,
-    TextBlock,
-    ToolCall,
-    ToolCallBlock,
-    ToolResult,
-    ToolStarted,
-    TurnAborted,
-    TurnEnd,
-    TurnStart,
     UserMessage,
-    UserMessageEntered,
     check,
     encode_line,
     fold_consumed_work,
@@ -49,60 +30,8 @@ from andon.session import (
     read,
     repair,
 )
-from andon.session._index import INDEX_MIN_BYTES, INDEX_NAME, LogSummary, summarize
-
-MODEL = ModelInfo("deepseek-v4-flash", "deepseek", "deepseek-v4-flash")
-OUTPUT = "".join(f"cc -O2 -Wall -c src/mod{i:02d}.c -o build/mod{i:02d}.o\n" for i in range(6))
-T0 = 1_764_661_200.0
-
-
-def _turn(n: int) -> list[EventData]:
-    msg = UserMessage(f"m-{n:012x}", f"task {n}: fix the build and run the tests")
-    call = ToolCallBlock(f"c{n}-1-1", "bash", '{"command": "make -j2"}', "call_00_x")
-    reply = AssistantReply((TextBlock("Running make."), call))
-    delta = {"type": "text", "text": "Running "}
-    return [
-        InboxSpliced("next-turn", 0, (msg,)),
-        TurnStart(n),
-        InboxSpliced("next-turn", 0, (), 1),
-        StepStart(n, 1),
-        UserMessageEntered(n, 1, msg),
-        LlmRequest(n, 1, 1, MODEL.name),
-        AssistantChunk(n, 1, 1, (delta,)),
-        AssistantMessage(n, 1, reply, "tool_calls"),
-        ToolCall(n, 1, call.call_id, call.name, call.arguments),
-        ToolStarted(n, 1, call.call_id, "w1", "test-host", 4301, 4301, 1.0, "pgroup"),
-        ToolResult(n, 1, call.call_id, OUTPUT, False, 1.5, exit=ExitStatus(0, None)),
-        StepEnd(n, 1),
-        StepStart(n, 2),
-        LlmRequest(n, 2, 1, MODEL.name),
-        AssistantMessage(n, 2, AssistantReply((TextBlock("The build passes."),)), "stop"),
-        StepEnd(n, 2),
-        TurnEnd(n, Completed() if n % 7 else TurnAborted(User())),
-    ]
-
-
-def long_log(folder: Path, *, session_id: str = "s-000000index", crashed: bool = True) -> Path:
-    """A log past :data:`INDEX_MIN_BYTES`; ``crashed``: it ends inside a running tool call,
-    with a queued message waiting."""
-    events: list[EventData] = [
-        SessionStart(2, session_id, "0.1.0", T0, "/tmp", MODEL, "prompt", 1, "test-host")
-    ]
-    n = 0
-    size = 0
-    while size < INDEX_MIN_BYTES + (INDEX_MIN_BYTES >> 2):
-        n += 1
-        turn = _turn(n)
-        events.extend(turn)
-        size += sum(len(encode_line(Record(0, T0, d))) for d in turn)
-    if crashed:
-        events.extend(_turn(n + 1)[:10])  # tool/call and tool/started, no result
-        events.append(InboxSpliced("next-turn", 0, (UserMessage("m-00000000beef", "and then?"),)))
-    folder.mkdir(parents=True)
-    with open(folder / "events.jsonl", "wb") as f:
-        for seq, data in enumerate(events):
-            f.write(encode_line(Record(seq, T0 + seq * 0.01, data)))
-    return folder
+from andon.session._index import INDEX_NAME, LogSummary, summarize
+from tests.session.helpers import MODEL, T0, long_log, long_turn
 
 
 def truth(folder: Path) -> tuple[object, ...]:
@@ -164,7 +93,7 @@ def test_short_log_gets_no_index(tmp_path: Path) -> None:
     folder.mkdir()
     lines = [encode_line(Record(0, T0, SessionStart(2, "s-0000000short", "0.1.0", T0, "/tmp",
                                                     MODEL, "p", 1, "h")))]  # fmt: skip
-    lines += [encode_line(Record(i + 1, T0, d)) for i, d in enumerate(_turn(1))]
+    lines += [encode_line(Record(i + 1, T0, d)) for i, d in enumerate(long_turn(1))]
     (folder / "events.jsonl").write_bytes(b"".join(lines))
     assert not summarize(folder).indexed
     load(folder)

@@ -23,7 +23,7 @@ from andon.llm import (
     from_spec,
     known_context_window,
 )
-from andon.session import Records, SessionStart, SessionState, fold_state, read
+from andon.session import LogSummary, SessionStart, SessionState, summarize
 
 if TYPE_CHECKING:
     from andon.supervisor import FoundInstructions
@@ -52,17 +52,22 @@ class Existing:
     """An existing session's log, read once: what a job resumes from."""
 
     folder: Path
-    records: Records
-    state: SessionState
+    summary: LogSummary
+    """What the log says (its rules checked, its state folded), no record held."""
+
+    @property
+    def state(self) -> SessionState:
+        return self.summary.state
 
 
 def read_existing(folder: Path) -> Existing:
-    """The log of the session in ``folder``, read (not loaded: no lock, no repair) and folded."""
+    """The log of the session in ``folder``, read (not loaded: no lock, no repair) and folded,
+    from its index where a valid one is there (docs/log-format.md, The index of a long log)."""
     try:
-        records = read(folder)
+        summary = summarize(folder)
     except (LogCorrupted, LogFormatUnsupported) as e:
         raise ConfigError(f"cannot read the session log: {e}") from None
-    return Existing(folder, records, fold_state(records))
+    return Existing(folder, summary)
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def job_base(settings: Settings, existing: Existing | None) -> JobBase:
         if model_spec is None and state.model is not None:
             model_spec = state.model.spec
         system_prompt = state.base_system_prompt
-        first = existing.records[0].data if len(existing.records) else None
+        first = existing.summary.first.data if existing.summary.first is not None else None
         if cwd is None and isinstance(first, SessionStart):
             cwd = name_path(first.cwd)  # as show_name recorded it
     if settings.system is not None:
