@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from andon.base import Cause, ErrorCode, ManualClock, User
 from andon.session import (
+    INDEX_MIN_BYTES,
     AssistantChunk,
     AssistantMessage,
     AssistantReply,
@@ -50,7 +51,6 @@ from andon.session import (
     UserMessageEntered,
     encode_line,
 )
-from andon.session._index import INDEX_MIN_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "data" / "sessions"

@@ -33,7 +33,7 @@ from andon.session._folds import (
     history,
     history_entries,
 )
-from andon.session._index import INDEX_NAME, LogSummary, summarize
+from andon.session._index import INDEX_MIN_BYTES, INDEX_NAME, LogSummary, summarize
 from andon.session._leftovers import Leftover
 from andon.session._live import (
     AgentError,
@@ -109,6 +109,7 @@ from andon.session._writer import Durability, FsyncFn, SessionLog, WriteFn
 
 __all__ = [
     "FORMAT_VERSION",
+    "INDEX_MIN_BYTES",
     "INDEX_NAME",
     "RECORD_TYPES",
     "REPAIR_TEXTS",
