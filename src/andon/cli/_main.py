@@ -38,7 +38,7 @@ from andon.base import (
 
 if TYPE_CHECKING:
     from andon.cli._run import RunJob
-    from andon.session import InvariantViolation, LogSummary, Record, TornTail
+    from andon.session import InvariantViolation, Record, TornTail
 
 __all__ = ["main"]
 
@@ -354,7 +354,7 @@ def _job(args: argparse.Namespace) -> RunJob:
     from andon.cli._run import RunJob
     from andon.cli._sessions import new_session_dir
     from andon.cli._settings import resolve
-    from andon.cli._setup import job_base, read_existing
+    from andon.cli._setup import job_base, read_existing, refuse_invalid
     from andon.cli._structured import SchemaModel, check_output_file, load_output_schema
 
     settings = resolve(vars(args))
@@ -373,7 +373,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         _check_new_session(Path(args.session))
     existing = None if folder is None else read_existing(folder)
     if existing is not None:
-        _refuse_invalid(existing.folder, existing.summary)
+        refuse_invalid(existing)
         state = existing.state
         if args.prompt is None and not (state.next_turn or state.next_step):
             repaired = _repair_on_load(existing.folder)
@@ -429,26 +429,6 @@ def _repair_on_load(folder: Path) -> bool:
 
     with SessionLog.open(folder) as log:
         return log.loaded.repaired
-
-
-def _refuse_invalid(folder: Path, summary: LogSummary) -> None:
-    """Refuse to continue a log that ``andon check`` rejects, unless crash repair (which the open
-    of the log runs) makes it whole: a crash's open turn is fine, a broken history is not (it
-    would stay broken for ever, whatever is appended after it)."""
-    from andon.session import repair
-
-    if not summary.violations:
-        return
-    # What repair would append (a dry run: nothing written; SessionLive if the session is live).
-    closers = repair(folder, dry_run=True).appended
-    left = summary.check_with(closers)
-    if left:
-        first = left[0]
-        raise ConfigError(
-            f"cannot resume {folder}: its log breaks the log's rules (seq {first.seq}: "
-            f"[{first.rule}] {first.message}) and repair cannot fix that; "
-            f"'andon check {folder}' lists every violation"
-        )
 
 
 def _read_stdin() -> str:

@@ -38,6 +38,7 @@ __all__ = [
     "load_model",
     "project_instructions",
     "read_existing",
+    "refuse_invalid",
 ]
 
 _log = logging.getLogger("andon.cli")
@@ -68,6 +69,27 @@ def read_existing(folder: Path) -> Existing:
     except (LogCorrupted, LogFormatUnsupported) as e:
         raise ConfigError(f"cannot read the session log: {e}") from None
     return Existing(folder, summary)
+
+
+def refuse_invalid(existing: Existing) -> None:
+    """Refuse to continue a log that ``andon check`` rejects, unless crash repair (which the open
+    of the log runs) makes it whole: a crash's open turn is fine, a broken history is not (it
+    would stay broken for ever, whatever is appended after it)."""
+    from andon.session import repair
+
+    folder, summary = existing.folder, existing.summary
+    if not summary.violations:
+        return
+    # What repair would append (a dry run: nothing written; SessionLive if the session is live).
+    closers = repair(folder, dry_run=True).appended
+    left = summary.check_with(closers)
+    if left:
+        first = left[0]
+        raise ConfigError(
+            f"cannot resume {folder}: its log breaks the log's rules (seq {first.seq}: "
+            f"[{first.rule}] {first.message}) and repair cannot fix that; "
+            f"'andon check {folder}' lists every violation"
+        )
 
 
 @dataclass(frozen=True)

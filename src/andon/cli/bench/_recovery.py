@@ -154,11 +154,10 @@ def _maxrss_mb() -> float:
 def _resume(folder: Path) -> bool:
     """What ``andon resume`` does before its first model request, less starting workers and
     writing ``session/resumed``; whether the first read came from the index."""
-    from andon.cli._main import _refuse_invalid
-    from andon.cli._setup import read_existing
+    from andon.cli._setup import read_existing, refuse_invalid
 
     existing = read_existing(folder)
-    _refuse_invalid(folder, existing.summary)
+    refuse_invalid(existing)
     with SessionLog.open(folder, durability="none") as log:
         loaded = log.loaded.events
         fold_state(loaded)
