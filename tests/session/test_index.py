@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from andon.base import ManualClock
+from andon.base import LogCorrupted, ManualClock
 from andon.session import (
     InboxSpliced,
     Record,
+    SessionLog,
     SessionStart,
+    TurnStart,
     UserMessage,
     check,
     encode_line,
@@ -237,3 +239,30 @@ def test_load_leaves_an_index_that_repair_then_uses(tmp_path: Path) -> None:
     summary = summarize(folder)
     assert summary.indexed and not summary.violations
     assert said(summary) == truth(folder)
+
+
+async def test_a_resumed_log_replays_its_new_records_without_parsing_the_old(
+    tmp_path: Path,
+) -> None:
+    """``SessionLog.records_from(seq)`` for a seq at or past what the open read starts where that
+    read ended: the agent's replay of a resumed run's records (``andon resume --json``) does not
+    parse the million before them. A byte broken in the old part after the open shows it: a
+    full read would refuse the log, this one never reaches that line."""
+    folder = long_log(tmp_path / "s")
+    since = len(read(folder))  # the resume's first record: repair's closers come first
+    log = SessionLog.open(folder, durability="none")
+    try:
+        log.append(TurnStart(log.last_turn + 1))
+        expected = [r for r in read(folder) if r.seq >= since]
+        assert [r.type for r in expected][-2:] == ["session/repaired", "turn/start"]
+        data = (folder / "events.jsonl").read_bytes()
+        at = data.index(b'{"seq":300,')
+        with open(folder / "events.jsonl", "r+b") as f:
+            f.seek(at)
+            f.write(b"[")  # that line is no longer a record
+        assert list(log.records_from(since)) == expected
+        assert list(log.records_from(since + 1)) == expected[1:]
+        with pytest.raises(LogCorrupted):
+            list(log.records_from(5))  # before the read's end: from the first line
+    finally:
+        await log.aclose()

@@ -105,11 +105,22 @@ class LoadedSession:
     report: RepairReport
 
 
+@dataclass(frozen=True, slots=True)
+class ReadEnd:
+    """A place in a log: the record ``seq`` starts at byte ``offset``, after ``lines`` lines."""
+
+    seq: int
+    offset: int
+    lines: int
+
+
 @dataclass(slots=True)
 class _Outcome:
     events: list[Record]
     tail: Tail
     report: RepairReport
+    read_end: ReadEnd
+    """Where the records read end (before anything repair appended)."""
 
 
 def _torn_target(log: Path, torn: TornTail, data: bytes) -> tuple[Path, bool]:
@@ -214,6 +225,7 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
         if keep_events:
             events.append(record)
     torn = reading.stream.torn
+    read_end = ReadEnd(tail.next_seq, reading.stream.end_offset, reading.stream.lines)
 
     # Nothing to close in a log that has no complete record (a crash during the very first append):
     # a session/repaired there would break "the first record is session/start".
@@ -224,7 +236,7 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
         report = RepairReport(dry_run, None, None, (), None, (), 0)
         if not dry_run:
             reading.save()
-        return _Outcome(events, tail, report)
+        return _Outcome(events, tail, report, read_end)
 
     if dry_run:
         torn_file = None if torn is None else f"{log.name}.torn-{torn.offset}"
@@ -259,7 +271,7 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
     if keep_events:
         events.extend(appended)
     report = RepairReport(dry_run, torn, torn_file, tuple(closers), summary, plan.processes, killed)
-    return _Outcome(events, tail, report)
+    return _Outcome(events, tail, report, read_end)
 
 
 def _locked(session_dir: str | os.PathLike[str]) -> tuple[Path, SessionLock]:

@@ -64,7 +64,6 @@ from andon.session import (
     Status,
     TurnStart,
     UserMessage,
-    iter_records,
 )
 from andon.supervisor._context import ContextKeeper
 from andon.supervisor._executor import ToolExecutor
@@ -292,10 +291,9 @@ class Agent:
         try:
             last = -1
             if since_seq is not None:
-                for record in iter_records(self._logfile.path.parent):
-                    if record.seq >= since_seq:
-                        last = record.seq
-                        yield record
+                for record in self._logfile.records_from(since_seq):
+                    last = record.seq
+                    yield record
             while True:
                 item = await sub.queue.get()
                 if item is None:
