@@ -313,7 +313,16 @@ def repair_children(folder: Path, *, clock: Clock | None = None) -> None:
         return
     for child in sorted(children.iterdir()):
         if not is_temporary(child.name) and log_path(child).is_file():
-            load(child, clock=clock)
+            # As load() does, without keeping the child's records (nobody reads them here):
+            # the child's index, if it has one, spares reading its log.
+            folder, lock = _locked(child)
+            try:
+                repair_children(folder, clock=clock)
+                repair_locked(
+                    folder, clock=clock or SystemClock(), dry_run=False, keep_events=False
+                )
+            finally:
+                lock.release()
 
 
 def repair(
