@@ -33,7 +33,7 @@ from andon.session import (
     repair,
 )
 from andon.session._index import INDEX_NAME, LogSummary, summarize
-from tests.session.helpers import MODEL, T0, long_log, long_turn
+from tests.session.helpers import MODEL, T0, long_log, long_turn, snapshot
 
 
 def truth(folder: Path) -> tuple[object, ...]:
@@ -266,3 +266,13 @@ async def test_a_resumed_log_replays_its_new_records_without_parsing_the_old(
             list(log.records_from(5))  # before the read's end: from the first line
     finally:
         await log.aclose()
+
+
+def test_a_dry_run_changes_nothing_not_even_the_index(tmp_path: Path) -> None:
+    """``repair(dry_run=True)`` reads a long log in full and leaves no index: it changes nothing."""
+    folder = long_log(tmp_path / "s")
+    before = snapshot(folder)
+    assert repair(folder, dry_run=True).closers
+    after = snapshot(folder)
+    assert after.pop("lock") == b""  # the session lock it took (a file every load leaves)
+    assert after == before

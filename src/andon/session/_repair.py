@@ -18,7 +18,8 @@ to a file beside the log, not thrown away). In order:
 
 Each step leaves a log that a later repair completes: if repair itself is killed half way, the next
 load sees a log that still does not balance (or a torn tail it has already saved, byte for byte
-the same) and carries on. A balanced log is left exactly as it is: ``load`` of it writes nothing.
+the same) and carries on. A balanced log is left exactly as it is: ``load`` of it writes nothing
+to it (of a long log it may leave the index beside it: ``_index``).
 """
 
 from __future__ import annotations
@@ -287,7 +288,7 @@ def load(session_dir: str | os.PathLike[str], *, clock: Clock | None = None) -> 
     Raises ``SessionLive`` (naming the holder's pid) if another process holds the session lock,
     ``LogCorrupted`` for a bad line in the middle of the log and ``LogFormatUnsupported`` for a
     log this version cannot read; in all three cases nothing on disk is changed. The lock is
-    released before returning. Loading a balanced log writes nothing.
+    released before returning. Loading a balanced log writes nothing to it.
     """
     folder, lock = _locked(session_dir)
     try:
