@@ -276,3 +276,16 @@ def test_a_dry_run_changes_nothing_not_even_the_index(tmp_path: Path) -> None:
     after = snapshot(folder)
     assert after.pop("lock") == b""  # the session lock it took (a file every load leaves)
     assert after == before
+
+
+def test_load_with_the_index_returns_every_record_as_without(tmp_path: Path) -> None:
+    """``load`` returns every record either way; with a valid index it only does not fold again
+    what the index holds, and repairs the same."""
+    plain = long_log(tmp_path / "plain")
+    fast = tmp_path / "fast"
+    shutil.copytree(plain, fast)
+    assert not summarize(fast).indexed and summarize(fast).indexed
+    loads = [load(f, clock=ManualClock(start=0.0, wall_start=T0 + 1e5)) for f in (plain, fast)]
+    assert loads[0].events == loads[1].events and loads[0].report == loads[1].report
+    assert [r.seq for r in loads[1].events] == list(range(len(loads[1].events)))
+    assert (plain / "events.jsonl").read_bytes() == (fast / "events.jsonl").read_bytes()

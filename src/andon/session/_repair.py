@@ -36,7 +36,7 @@ from andon.session._create import is_temporary
 from andon.session._index import Reading
 from andon.session._leftovers import Leftover, kill_leftovers, plan_for
 from andon.session._lock import SessionLock
-from andon.session._reader import TornTail, log_path
+from andon.session._reader import RecordStream, TornTail, log_path
 from andon.session._records import Record, SessionRepaired, encode_line
 from andon.session._tail import ClosingTexts, Tail, closing_data
 from andon.session._values import Interrupted
@@ -216,11 +216,13 @@ def _save_torn_tail(log: Path, torn: TornTail) -> str:
 def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: bool) -> _Outcome:
     """Read and (unless ``dry_run``) repair a session whose lock the caller holds."""
     log = log_path(folder)
-    # Whoever wants every record reads them all; otherwise the index spares reading what it
-    # covers (docs/log-format.md, The index of a long log). Either read leaves one if long.
-    reading = Reading(folder, label=str(folder), use_index=not keep_events)
+    # The index spares folding (and, unless every record is wanted, reading) what it covers
+    # (docs/log-format.md, The index of a long log). A long read leaves one for the next.
+    reading = Reading(folder, label=str(folder))
     tail = reading.scan.tail
     events: list[Record] = []
+    if keep_events and reading.from_offset:
+        events.extend(_covered(reading))
     for record in reading.stream:
         reading.scan.feed(record)
         if keep_events:
@@ -273,6 +275,20 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
         events.extend(appended)
     report = RepairReport(dry_run, torn, torn_file, tuple(closers), summary, plan.processes, killed)
     return _Outcome(events, tail, report, read_end)
+
+
+def _covered(reading: Reading) -> list[Record]:
+    """The records the verified index covers, parsed for a caller that wants them all (the
+    index's state already holds what they fold to, so they are not folded again)."""
+    out: list[Record] = []
+    with RecordStream(reading.log, label=str(reading.folder)) as head:
+        for record in head:
+            out.append(record)
+            if head.end_offset >= reading.from_offset:
+                break
+    if head.end_offset != reading.from_offset:  # cannot be: the bytes hashed the same
+        raise SessionError(f"{reading.log} changed while it was read", session=str(reading.folder))
+    return out
 
 
 def _locked(session_dir: str | os.PathLike[str]) -> tuple[Path, SessionLock]:
