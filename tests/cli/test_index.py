@@ -63,11 +63,22 @@ def _resume(folder: Path, cwd: Path) -> list[Any]:
     async def go() -> list[Any]:
         async with MockModelServer([{"text": "Picking up."}] * 2) as server:
             spec = f"{server.base_url}#mock"
+            answer = folder.parent / f"{folder.name}-answer.txt"
             result = await asyncio.to_thread(
-                run, "resume", "--model", spec, str(folder), "carry on", cwd=cwd
+                run,
+                "resume",
+                "--model",
+                spec,
+                "--output-last-message",
+                str(answer),
+                str(folder),
+                "carry on",
+                cwd=cwd,
             )
             assert result.returncode == 0, result.stderr
             assert "Picking up." in result.stdout
+            # read from this run's records at its end (Agent.records_from)
+            assert answer.read_text().strip() == "Picking up."
             return [request.body["messages"] for request in server.requests]
 
     return asyncio.run(go())

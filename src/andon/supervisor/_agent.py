@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, final
 
@@ -223,6 +223,12 @@ class Agent:
         """The session's id (``session/start``); with a call id it makes the call's process tag
         (:func:`andon.base.call_tag`)."""
         return self._owner
+
+    def records_from(self, seq: int) -> Iterator[Record]:
+        """The session's records from ``seq`` on, read from its log file as they stand. For a
+        resumed session the records before the resume are not parsed again to reach them
+        (``SessionLog.records_from``): what a run says at its end costs the run, not the log."""
+        return self._logfile.records_from(seq)
 
     def followup(self, text: str, *, source: MessageSource = "user") -> str:
         """Queue ``text`` as its own later turn, and wake the agent. ``source`` says who wrote
