@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from andon.base import Cause, ErrorCode, ManualClock
+from andon.base import Cause, ErrorCode, ManualClock, User
 from andon.session import (
+    INDEX_MIN_BYTES,
     AssistantChunk,
     AssistantMessage,
     AssistantReply,
+    Completed,
     EventData,
     ExitStatus,
     InboxSpliced,
@@ -41,6 +43,7 @@ from andon.session import (
     ToolResult,
     ToolSignal,
     ToolStarted,
+    TurnAborted,
     TurnEnd,
     TurnEndReason,
     TurnStart,
@@ -389,3 +392,58 @@ def write_crashed(folder: Path, sid: str, started: ToolStarted) -> None:
     sim.emit(started)
     folder.mkdir()
     (folder / "events.jsonl").write_bytes(b"".join(lines_of(sim.data())))
+
+
+# --- a long log (past the size that gets an index) ---------------------------------------------
+
+OUTPUT = "".join(f"cc -O2 -Wall -c src/mod{i:02d}.c -o build/mod{i:02d}.o\n" for i in range(6))
+T0 = 1_764_661_200.0
+
+
+def long_turn(n: int) -> list[EventData]:
+    msg = UserMessage(f"m-{n:012x}", f"task {n}: fix the build and run the tests")
+    call = ToolCallBlock(f"c{n}-1-1", "bash", '{"command": "make -j2"}', "call_00_x")
+    reply = AssistantReply((TextBlock("Running make."), call))
+    delta = {"type": "text", "text": "Running "}
+    return [
+        InboxSpliced("next-turn", 0, (msg,)),
+        TurnStart(n),
+        InboxSpliced("next-turn", 0, (), 1),
+        StepStart(n, 1),
+        UserMessageEntered(n, 1, msg),
+        LlmRequest(n, 1, 1, MODEL.name),
+        AssistantChunk(n, 1, 1, (delta,)),
+        AssistantMessage(n, 1, reply, "tool_calls"),
+        ToolCall(n, 1, call.call_id, call.name, call.arguments),
+        ToolStarted(n, 1, call.call_id, "w1", "test-host", 4301, 4301, 1.0, "pgroup"),
+        ToolResult(n, 1, call.call_id, OUTPUT, False, 1.5, exit=ExitStatus(0, None)),
+        StepEnd(n, 1),
+        StepStart(n, 2),
+        LlmRequest(n, 2, 1, MODEL.name),
+        AssistantMessage(n, 2, AssistantReply((TextBlock("The build passes."),)), "stop"),
+        StepEnd(n, 2),
+        TurnEnd(n, Completed() if n % 7 else TurnAborted(User())),
+    ]
+
+
+def long_log(folder: Path, *, session_id: str = "s-000000index", crashed: bool = True) -> Path:
+    """A log past :data:`INDEX_MIN_BYTES`; ``crashed``: it ends inside a running tool call,
+    with a queued message waiting."""
+    events: list[EventData] = [
+        SessionStart(2, session_id, "0.1.0", T0, "/tmp", MODEL, "prompt", 1, "test-host")
+    ]
+    n = 0
+    size = 0
+    while size < INDEX_MIN_BYTES + (INDEX_MIN_BYTES >> 2):
+        n += 1
+        turn = long_turn(n)
+        events.extend(turn)
+        size += sum(len(encode_line(Record(0, T0, d))) for d in turn)
+    if crashed:
+        events.extend(long_turn(n + 1)[:10])  # tool/call and tool/started, no result
+        events.append(InboxSpliced("next-turn", 0, (UserMessage("m-00000000beef", "and then?"),)))
+    folder.mkdir(parents=True)
+    with open(folder / "events.jsonl", "wb") as f:
+        for seq, data in enumerate(events):
+            f.write(encode_line(Record(seq, T0 + seq * 0.01, data)))
+    return folder

@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -38,7 +38,7 @@ from andon.base import (
 
 if TYPE_CHECKING:
     from andon.cli._run import RunJob
-    from andon.session import Records
+    from andon.session import InvariantViolation, Record, TornTail
 
 __all__ = ["main"]
 
@@ -351,10 +351,10 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _job(args: argparse.Namespace) -> RunJob:
     """Everything ``run``/``resume`` needs, checked before any process starts (errors exit 2)."""
-    from andon.cli._run import RunJob, last_turn_overflowed
+    from andon.cli._run import RunJob
     from andon.cli._sessions import new_session_dir
     from andon.cli._settings import resolve
-    from andon.cli._setup import job_base, read_existing
+    from andon.cli._setup import job_base, read_existing, refuse_invalid
     from andon.cli._structured import SchemaModel, check_output_file, load_output_schema
 
     settings = resolve(vars(args))
@@ -373,7 +373,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         _check_new_session(Path(args.session))
     existing = None if folder is None else read_existing(folder)
     if existing is not None:
-        _refuse_invalid(existing.folder, existing.records)
+        refuse_invalid(existing)
         state = existing.state
         if args.prompt is None and not (state.next_turn or state.next_step):
             repaired = _repair_on_load(existing.folder)
@@ -416,7 +416,7 @@ def _job(args: argparse.Namespace) -> RunJob:
         output_schema=output_schema,
         output_file=output_file,
         instructions=base.instructions,
-        overflowed=existing is not None and last_turn_overflowed(existing.records),
+        overflowed=existing is not None and existing.summary.overflowed,
     )
 
 
@@ -429,27 +429,6 @@ def _repair_on_load(folder: Path) -> bool:
 
     with SessionLog.open(folder) as log:
         return log.loaded.repaired
-
-
-def _refuse_invalid(folder: Path, records: Records) -> None:
-    """Refuse to continue a log that ``andon check`` rejects, unless crash repair (which the open
-    of the log runs) makes it whole: a crash's open turn is fine, a broken history is not (it
-    would stay broken for ever, whatever is appended after it)."""
-    from andon.session import check, repair
-
-    violations = check(records)
-    if not violations:
-        return
-    # What repair would append (a dry run: nothing written; SessionLive if the session is live).
-    closers = repair(folder, dry_run=True).appended
-    left = check([*records, *closers])
-    if left:
-        first = left[0]
-        raise ConfigError(
-            f"cannot resume {folder}: its log breaks the log's rules (seq {first.seq}: "
-            f"[{first.rule}] {first.message}) and repair cannot fix that; "
-            f"'andon check {folder}' lists every violation"
-        )
 
 
 def _read_stdin() -> str:
@@ -514,34 +493,55 @@ def _check(folder: Path) -> int:
 def _check_log(path: Path, *, is_file: bool) -> int:
     """Read a session's log (or an ``andon run --json`` file) and report its invariants. A file
     is checked as it is, so its advice differs: nothing of it is repaired."""
-    from andon.session import check, read
-
     try:
-        records = read(path)
+        count, torn, skipped_lines, violations = _checked(path, is_file=is_file)
     except (LogCorrupted, LogFormatUnsupported) as e:
         print(f"andon: cannot read the log: {e}", file=sys.stderr)
         return EXIT_USAGE
-    violations = check(records)
     skipped = ""
-    if records.skipped:
-        skipped = f" ({records.skipped} live-only line(s) of 'andon run --json' skipped)"
-    if records.torn is not None:
+    if skipped_lines:
+        skipped = f" ({skipped_lines} live-only line(s) of 'andon run --json' skipped)"
+    if torn is not None:
         repairable = "" if is_file else " (repairable)"
-        print(f"torn tail: {records.torn.length} bytes at offset {records.torn.offset}{repairable}")
+        print(f"torn tail: {torn.length} bytes at offset {torn.offset}{repairable}")
     if not violations:
-        print(f"ok: {len(records)} records{skipped}, every invariant holds")
+        print(f"ok: {count} records{skipped}, every invariant holds")
         return EXIT_OK
     for v in violations:
         print(f"seq {v.seq}: [{v.rule}] {v.message}")
     if is_file:
         print(
-            f"{len(violations)} violation(s) in {len(records)} records{skipped}; a file is "
+            f"{len(violations)} violation(s) in {count} records{skipped}; a file is "
             "checked as it is: the log of a running or crashed session ends in an open turn "
             "(check or repair its folder instead)"
         )
     else:
         print(f"{len(violations)} violation(s); a crashed session is fixed with 'andon repair'")
     return EXIT_FAILED
+
+
+def _checked(
+    path: Path, *, is_file: bool
+) -> tuple[int, TornTail | None, int, Sequence[InvariantViolation]]:
+    """Records, torn tail, live-only lines skipped and violations of a log, streamed (no record
+    is held): a session folder's from its index where a valid one is there (docs/log-format.md,
+    The index of a long log), a file as it is."""
+    from andon.session import check, iter_records, summarize
+
+    if not is_file:
+        summary = summarize(path)
+        return summary.records, summary.torn, 0, summary.violations
+    stream = iter_records(path)
+    count = 0
+
+    def counted() -> Iterator[Record]:
+        nonlocal count
+        for record in stream:
+            count += 1
+            yield record
+
+    violations = check(counted())
+    return count, stream.torn, stream.skipped, violations
 
 
 def _session_summary(folder: Path) -> dict[str, Any]:

@@ -74,7 +74,6 @@ from andon.session import (
     TurnEndReason,
     TurnFailed,
     TurnStart,
-    iter_records,
 )
 
 if TYPE_CHECKING:
@@ -419,7 +418,7 @@ async def _conclude(
 ) -> None:
     """The job's answer: the final text of its last turn, if that turn completed; with
     ``--output-schema``, checked, and asked for once more if it does not match."""
-    text = _completed_answer(job)
+    text = _completed_answer(job, agent)
     if text is None or job.output_schema is None:
         outcome.final_text = text
         return
@@ -428,7 +427,7 @@ async def _conclude(
         agent.followup(retry_message(checked.problem), source="output-schema")
         if not await _idle(agent, outcome):
             return
-        text = _completed_answer(job)
+        text = _completed_answer(job, agent)
         if text is None:  # the retry turn was stopped or failed: its turn/end decides
             return
         checked = check_answer(job.output_schema, text)
@@ -441,15 +440,13 @@ async def _conclude(
         )
 
 
-def _completed_answer(job: RunJob) -> str | None:
+def _completed_answer(job: RunJob, agent: Agent) -> str | None:
     """The text of the last turn's final ``assistant/message`` (its text blocks joined), read
     from the log (written synchronously, so complete once the agent is idle); None unless that
     turn completed."""
     ended: TurnEnd | None = None
     texts: dict[int, str] = {}  # turn -> the text of its last assistant/message
-    for record in iter_records(job.session):
-        if record.seq < job.since_seq:
-            continue
+    for record in agent.records_from(job.since_seq):  # this run's: not a resumed log's all
         match record.data:
             case TurnEnd() as end:
                 ended = end

@@ -17,7 +17,7 @@ from andon.cli._sessions import runtime_root
 from andon.cli._settings import Settings, read_system_prompt
 from andon.cli._workers import launcher_of
 from andon.llm import Model, Scripted, from_spec, known_context_window
-from andon.session import Records, SessionStart, SessionState, fold_state, read
+from andon.session import LogSummary, SessionStart, SessionState, summarize
 
 if TYPE_CHECKING:
     from andon.supervisor import FoundInstructions
@@ -32,6 +32,7 @@ __all__ = [
     "load_model",
     "project_instructions",
     "read_existing",
+    "refuse_invalid",
 ]
 
 _log = logging.getLogger("andon.cli")
@@ -46,17 +47,43 @@ class Existing:
     """An existing session's log, read once: what a job resumes from."""
 
     folder: Path
-    records: Records
-    state: SessionState
+    summary: LogSummary
+    """What the log says (its rules checked, its state folded), no record held."""
+
+    @property
+    def state(self) -> SessionState:
+        return self.summary.state
 
 
 def read_existing(folder: Path) -> Existing:
-    """The log of the session in ``folder``, read (not loaded: no lock, no repair) and folded."""
+    """The log of the session in ``folder``, read (not loaded: no lock, no repair) and folded,
+    from its index where a valid one is there (docs/log-format.md, The index of a long log)."""
     try:
-        records = read(folder)
+        summary = summarize(folder)
     except (LogCorrupted, LogFormatUnsupported) as e:
         raise ConfigError(f"cannot read the session log: {e}") from None
-    return Existing(folder, records, fold_state(records))
+    return Existing(folder, summary)
+
+
+def refuse_invalid(existing: Existing) -> None:
+    """Refuse to continue a log that ``andon check`` rejects, unless crash repair (which the open
+    of the log runs) makes it whole: a crash's open turn is fine, a broken history is not (it
+    would stay broken for ever, whatever is appended after it)."""
+    from andon.session import repair
+
+    folder, summary = existing.folder, existing.summary
+    if not summary.violations:
+        return
+    # What repair would append (a dry run: nothing written; SessionLive if the session is live).
+    closers = repair(folder, dry_run=True).appended
+    left = summary.check_with(closers)
+    if left:
+        first = left[0]
+        raise ConfigError(
+            f"cannot resume {folder}: its log breaks the log's rules (seq {first.seq}: "
+            f"[{first.rule}] {first.message}) and repair cannot fix that; "
+            f"'andon check {folder}' lists every violation"
+        )
 
 
 @dataclass(frozen=True)
@@ -82,7 +109,7 @@ def job_base(settings: Settings, existing: Existing | None) -> JobBase:
         if model_spec is None and state.model is not None:
             model_spec = state.model.spec
         system_prompt = state.base_system_prompt
-        first = existing.records[0].data if len(existing.records) else None
+        first = existing.summary.first.data if existing.summary.first is not None else None
         if cwd is None and isinstance(first, SessionStart):
             cwd = name_path(first.cwd)  # as show_name recorded it
     if settings.system is not None:

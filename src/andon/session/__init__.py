@@ -33,6 +33,7 @@ from andon.session._folds import (
     history,
     history_entries,
 )
+from andon.session._index import INDEX_MIN_BYTES, INDEX_NAME, LogSummary, summarize
 from andon.session._leftovers import Leftover
 from andon.session._live import (
     AgentError,
@@ -108,6 +109,8 @@ from andon.session._writer import Durability, FsyncFn, SessionLog, WriteFn
 
 __all__ = [
     "FORMAT_VERSION",
+    "INDEX_MIN_BYTES",
+    "INDEX_NAME",
     "RECORD_TYPES",
     "REPAIR_TEXTS",
     "AgentError",
@@ -138,6 +141,7 @@ __all__ = [
     "LlmRetry",
     "LoadedSession",
     "LockHolder",
+    "LogSummary",
     "LogValue",
     "MaxTokens",
     "ModelInfo",
@@ -191,4 +195,5 @@ __all__ = [
     "reason_from_json",
     "render_transcript",
     "repair",
+    "summarize",
 ]

@@ -490,22 +490,116 @@ class _Checker:
                 step.last_order, step.last_answered = order, call_id
 
     def finish(self) -> list[InvariantViolation]:
+        """Every violation, those of an open turn or step at the end included (unless live).
+        Leaves the checker as it was: more records may be fed after (``LogSummary.check_with``)."""
+        out = list(self.out)
         if not self.live:
             if self.step is not None:
-                self.bad(
-                    self.step.seq,
-                    3,
-                    f"step {self.step.turn}.{self.step.step} never ends "
-                    "(a cold log has no open step; load() repairs a crashed one)",
+                out.append(
+                    InvariantViolation(
+                        self.step.seq,
+                        3,
+                        f"step {self.step.turn}.{self.step.step} never ends "
+                        "(a cold log has no open step; load() repairs a crashed one)",
+                    )
                 )
             if self.turn is not None:
-                self.bad(
-                    self.turn_seq,
-                    2,
-                    f"turn {self.turn} never ends (a cold log has no open "
-                    "turn; load() repairs a crashed one)",
+                out.append(
+                    InvariantViolation(
+                        self.turn_seq,
+                        2,
+                        f"turn {self.turn} never ends (a cold log has no open "
+                        "turn; load() repairs a crashed one)",
+                    )
                 )
-        return self.out
+        return out
+
+    # --- the index of a long log keeps the checker's state (``_index``) -------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        step = self.step
+        return {
+            "live": self.live,
+            "out": [[v.seq, v.rule, v.message] for v in self.out],
+            "expected_seq": self.expected_seq,
+            "seen_first": self.seen_first,
+            "last_turn": self.last_turn,
+            "turn": self.turn,
+            "turn_seq": self.turn_seq,
+            "last_step": self.last_step,
+            "step": None
+            if step is None
+            else {
+                "turn": step.turn,
+                "step": step.step,
+                "seq": step.seq,
+                "replied": step.replied,
+                "requested": step.requested,
+                "calls": step.calls,
+                "answered": sorted(step.answered),
+                "last_order": step.last_order,
+                "last_answered": step.last_answered,
+            },
+            "call_ids": sorted(self.call_ids),
+            "last_seq": self.last_seq,
+            "step_starts": sorted(self.step_starts),
+            "closed_calls": sorted(self.closed_calls),
+            "last_compaction": self.last_compaction,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> _Checker:
+        """The checker :meth:`to_json` gave; ``TypeError``/``KeyError``/``ValueError`` if it is
+        not one."""
+        checker = cls(_bool(obj["live"]))
+        checker.out = [
+            InvariantViolation(_int(seq), _int(rule), _str(message))
+            for seq, rule, message in obj["out"]
+        ]
+        checker.expected_seq = _int(obj["expected_seq"])
+        checker.seen_first = _bool(obj["seen_first"])
+        checker.last_turn = _int(obj["last_turn"])
+        checker.turn = None if obj["turn"] is None else _int(obj["turn"])
+        checker.turn_seq = _int(obj["turn_seq"])
+        checker.last_step = _int(obj["last_step"])
+        step = obj["step"]
+        if step is not None:
+            last_answered = step["last_answered"]
+            checker.step = _Step(
+                _int(step["turn"]),
+                _int(step["step"]),
+                _int(step["seq"]),
+                _bool(step["replied"]),
+                {_str(k): _int(v) for k, v in step["requested"].items()},
+                {_str(k): _int(v) for k, v in step["calls"].items()},
+                {_str(c) for c in step["answered"]},
+                _int(step["last_order"]),
+                None if last_answered is None else _str(last_answered),
+            )
+        checker.call_ids = {_str(c) for c in obj["call_ids"]}
+        checker.last_seq = _int(obj["last_seq"])
+        checker.step_starts = {_int(s) for s in obj["step_starts"]}
+        checker.closed_calls = {_str(c) for c in obj["closed_calls"]}
+        checker.last_compaction = _int(obj["last_compaction"])
+        return checker
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{value!r} is not a boolean")
+    return value
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
 
 
 def check(

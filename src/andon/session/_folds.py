@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, TypeVar, assert_never
 
 from andon.session._events import ProjectInstructions
 from andon.session._live import AgentEvent
@@ -54,8 +54,10 @@ from andon.session._values import (
 
 __all__ = [
     "SUMMARY_HEADER",
+    "ConsumedFold",
     "ConsumedWork",
     "SessionState",
+    "StateFold",
     "fold_consumed_work",
     "fold_state",
     "history",
@@ -245,24 +247,38 @@ def fold_consumed_work(events: Events) -> ConsumedWork:
     turn had a step, or claimed input and ended blocked / aborted / interrupted / error; becoming
     the accounting end resets ``dropped_unrun``.
     """
-    end: Record | None = None
-    dropped = False
-    open_turn = False
-    had_step = False
-    claimed = False
+    fold = ConsumedFold()
     for record in as_records(without_live_only(events)):
+        fold.feed(record)
+    return fold.result()
+
+
+class ConsumedFold:
+    """:func:`fold_consumed_work` one record at a time, with its state as JSON (the index of a
+    long log keeps it, so a cold load folds only the records after it)."""
+
+    __slots__ = ("claimed", "dropped", "end", "had_step", "open_turn")
+
+    def __init__(self) -> None:
+        self.end: Record | None = None
+        self.dropped = False
+        self.open_turn = False
+        self.had_step = False
+        self.claimed = False
+
+    def feed(self, record: Record) -> None:
         data = record.data
         match data:
             case InboxSpliced(outcome=outcome, inserted=inserted):
                 if data.removed > 0 and not inserted:
                     if outcome == "canceled":
-                        dropped = True
-                    elif outcome is None and open_turn:
-                        claimed = True
+                        self.dropped = True
+                    elif outcome is None and self.open_turn:
+                        self.claimed = True
             case TurnStart():
-                open_turn, had_step, claimed = True, False, False
+                self.open_turn, self.had_step, self.claimed = True, False, False
             case StepStart():
-                had_step = True
+                self.had_step = True
             case TurnEnd(reason=reason):
                 match reason:
                     case Blocked() | TurnAborted() | Interrupted() | TurnFailed():
@@ -271,9 +287,9 @@ def fold_consumed_work(events: Events) -> ConsumedWork:
                         gave_up = False
                     case _:
                         assert_never(reason)
-                if had_step or (claimed and gave_up):
-                    end, dropped = record, False
-                open_turn, had_step, claimed = False, False, False
+                if self.had_step or (self.claimed and gave_up):
+                    self.end, self.dropped = record, False
+                self.open_turn, self.had_step, self.claimed = False, False, False
             case (
                 SessionStart()
                 | SessionResumed()
@@ -295,7 +311,26 @@ def fold_consumed_work(events: Events) -> ConsumedWork:
                 pass
             case _:
                 assert_never(data)
-    return ConsumedWork(None if end is None else end.to_dict(), dropped)
+
+    def result(self) -> ConsumedWork:
+        return ConsumedWork(None if self.end is None else self.end.to_dict(), self.dropped)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "end": None if self.end is None else self.end.to_dict(),
+            "flags": [self.dropped, self.open_turn, self.had_step, self.claimed],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ConsumedFold:
+        fold = cls()
+        end = obj["end"]
+        fold.end = None if end is None else Record.from_dict(end)
+        flags = obj["flags"]
+        if len(flags) != 4 or not all(isinstance(f, bool) for f in flags):
+            raise TypeError("the flags are not four booleans")
+        fold.dropped, fold.open_turn, fold.had_step, fold.claimed = flags
+        return fold
 
 
 # --- state --------------------------------------------------------------------------------------
@@ -337,37 +372,61 @@ def fold_state(events: Events) -> SessionState:
     A splice on list ``target`` removes ``removed_count`` items at ``start`` and inserts
     ``inserted`` there (a ``start`` past the end appends).
     """
-    session_id: str | None = None
-    model: ModelInfo | None = None
-    prompt: str | None = None
-    instructions: ProjectInstructions | None = None
-    last_turn = 0
-    open_turn: int | None = None
-    open_step: int | None = None
-    inbox: dict[str, list[UserMessage]] = {"next-turn": [], "next-step": []}
-    next_seq = 0
+    fold = StateFold()
     for record in as_records(without_live_only(events)):
-        next_seq = record.seq + 1
+        fold.feed(record)
+    return fold.result()
+
+
+class StateFold:
+    """:func:`fold_state` one record at a time, with its state as JSON (the index of a long log
+    keeps it, so a cold load folds only the records after it)."""
+
+    __slots__ = (
+        "inbox",
+        "instructions",
+        "last_turn",
+        "model",
+        "next_seq",
+        "open_step",
+        "open_turn",
+        "prompt",
+        "session_id",
+    )
+
+    def __init__(self) -> None:
+        self.session_id: str | None = None
+        self.model: ModelInfo | None = None
+        self.prompt: str | None = None
+        self.instructions: ProjectInstructions | None = None
+        self.last_turn = 0
+        self.open_turn: int | None = None
+        self.open_step: int | None = None
+        self.inbox: dict[str, list[UserMessage]] = {"next-turn": [], "next-step": []}
+        self.next_seq = 0
+
+    def feed(self, record: Record) -> None:
+        self.next_seq = record.seq + 1
         data = record.data
         match data:
             case SessionStart():
-                session_id, model, prompt = data.session_id, data.model, data.system_prompt
-                instructions = data.project_instructions
+                self.session_id, self.model = data.session_id, data.model
+                self.prompt, self.instructions = data.system_prompt, data.project_instructions
             case SessionResumed():
-                model, prompt = data.model, data.system_prompt
-                instructions = data.project_instructions
+                self.model, self.prompt = data.model, data.system_prompt
+                self.instructions = data.project_instructions
             case InboxSpliced(target=target, start=start, inserted=inserted):
-                items = inbox[target]
+                items = self.inbox[target]
                 items[start : start + data.removed] = inserted
             case TurnStart(turn=turn):
-                open_turn, open_step = turn, None
-                last_turn = max(last_turn, turn)
+                self.open_turn, self.open_step = turn, None
+                self.last_turn = max(self.last_turn, turn)
             case TurnEnd():
-                open_turn, open_step = None, None
+                self.open_turn, self.open_step = None, None
             case StepStart(step=step):
-                open_step = step
+                self.open_step = step
             case StepEnd():
-                open_step = None
+                self.open_step = None
             case (
                 SessionRepaired()
                 | UserMessageEntered()
@@ -386,15 +445,59 @@ def fold_state(events: Events) -> SessionState:
                 pass
             case _:
                 assert_never(data)
-    return SessionState(
-        session_id,
-        last_turn,
-        open_turn,
-        open_step,
-        tuple(inbox["next-turn"]),
-        tuple(inbox["next-step"]),
-        next_seq,
-        model,
-        prompt,
-        instructions,
-    )
+
+    def result(self) -> SessionState:
+        return SessionState(
+            self.session_id,
+            self.last_turn,
+            self.open_turn,
+            self.open_step,
+            tuple(self.inbox["next-turn"]),
+            tuple(self.inbox["next-step"]),
+            self.next_seq,
+            self.model,
+            self.prompt,
+            self.instructions,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "model": None if self.model is None else self.model.to_json(),
+            "prompt": self.prompt,
+            "instructions": None if self.instructions is None else self.instructions.to_json(),
+            "last_turn": self.last_turn,
+            "open_turn": self.open_turn,
+            "open_step": self.open_step,
+            "inbox": {k: [m.to_json() for m in v] for k, v in self.inbox.items()},
+            "next_seq": self.next_seq,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> StateFold:
+        fold = cls()
+        fold.session_id = _opt(obj["session_id"], str)
+        model, added = obj["model"], obj["instructions"]
+        fold.model = None if model is None else ModelInfo.from_json(model)
+        fold.prompt = _opt(obj["prompt"], str)
+        fold.instructions = None if added is None else ProjectInstructions.from_json(added)
+        fold.last_turn = _the(obj["last_turn"], int)
+        fold.open_turn = _opt(obj["open_turn"], int)
+        fold.open_step = _opt(obj["open_step"], int)
+        inbox = obj["inbox"]
+        fold.inbox = {k: [UserMessage.from_json(m) for m in inbox[k]] for k in fold.inbox}
+        fold.next_seq = _the(obj["next_seq"], int)
+        return fold
+
+
+_V = TypeVar("_V")
+
+
+def _the(value: object, kind: type[_V]) -> _V:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not a {kind.__name__}")
+    return value
+
+
+def _opt(value: object, kind: type[_V]) -> _V | None:
+    return None if value is None else _the(value, kind)

@@ -29,7 +29,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn, Protocol
 
 from andon.base import LogCorrupted, SessionError
 from andon.session._live import LIVE_EVENT_TYPES, LiveEvent
@@ -85,6 +85,12 @@ MAX_DEPTH = 100
 """How deep arrays and objects may nest in one record. The format's deepest is five; the bound
 keeps every later walk of a value (``json.dumps``, ``check``) far from Python's recursion limit."""
 _TOO_DEEP = f"is nested too deeply (more than {MAX_DEPTH} levels of arrays and objects)"
+
+
+class _Digest(Protocol):
+    """What a ``hashlib`` object offers (``hashlib`` has no public type for it)."""
+
+    def update(self, data: bytes, /) -> None: ...
 
 
 class _Unholdable(Exception):
@@ -154,12 +160,26 @@ class RecordStream(Iterator[Record]):
     :attr:`end_offset` is the byte length of the whole records (where a torn tail starts).
     """
 
-    def __init__(self, path: Path, *, label: str | None = None, live_lines: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        label: str | None = None,
+        live_lines: bool = False,
+        start: int = 0,
+        start_line: int = 0,
+        digest: _Digest | None = None,
+    ) -> None:
         self.path = path
         self.label = label if label is not None else str(path.parent)
         self.torn: TornTail | None = None
-        self.end_offset = 0
-        self.lines = 0
+        self.start = start
+        """The byte offset reading starts at: the end of ``start_line`` whole lines, which the
+        caller has already accounted for (the index of a long log, ``_index``)."""
+        self.end_offset = start
+        self.lines = start_line
+        self.digest = digest
+        """Fed every whole line read (a ``hashlib`` object): what the index's hash covers."""
         self.live_lines = live_lines
         """Whether live-only lines (``andon run --json``) are skipped; else they are corrupt."""
         self.skipped = 0
@@ -194,12 +214,15 @@ class RecordStream(Iterator[Record]):
 
     def _records(self) -> Generator[Record, None, None]:
         with open(self.path, "rb") as file:
+            if self.start:
+                file.seek(self.start)
             yield from self._parse(file)
 
     def _parse(self, file: BinaryIO) -> Generator[Record, None, None]:
         readline = file.readline
-        offset = 0
-        lineno = 0
+        offset = self.start
+        lineno = self.lines
+        update = self.digest.update if self.digest is not None else None
         while line := readline():
             lineno += 1
             try:
@@ -223,6 +246,8 @@ class RecordStream(Iterator[Record]):
                 self.torn = TornTail(offset, len(line), lineno, line.endswith(b"\n"))
                 return
             if self.live_lines and is_live_only(obj):
+                if update is not None:
+                    update(line)
                 offset += len(line)
                 self.end_offset = offset
                 self.lines = lineno
@@ -238,6 +263,8 @@ class RecordStream(Iterator[Record]):
                     line=lineno,
                     offset=offset,
                 ) from None
+            if update is not None:
+                update(line)
             offset += len(line)
             self.end_offset = offset
             self.lines = lineno

@@ -18,7 +18,8 @@ to a file beside the log, not thrown away). In order:
 
 Each step leaves a log that a later repair completes: if repair itself is killed half way, the next
 load sees a log that still does not balance (or a torn tail it has already saved, byte for byte
-the same) and carries on. A balanced log is left exactly as it is: ``load`` of it writes nothing.
+the same) and carries on. A balanced log is left exactly as it is: ``load`` of it writes nothing
+to it (of a long log it may leave the index beside it: ``_index``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import final
 
 from andon.base import Clock, SessionError, SystemClock, naming_file
 from andon.session._create import is_temporary
+from andon.session._index import Reading
 from andon.session._leftovers import Leftover, kill_leftovers, plan_for
 from andon.session._lock import SessionLock
 from andon.session._reader import RecordStream, TornTail, log_path
@@ -104,11 +106,22 @@ class LoadedSession:
     report: RepairReport
 
 
+@dataclass(frozen=True, slots=True)
+class ReadEnd:
+    """A place in a log: the record ``seq`` starts at byte ``offset``, after ``lines`` lines."""
+
+    seq: int
+    offset: int
+    lines: int
+
+
 @dataclass(slots=True)
 class _Outcome:
     events: list[Record]
     tail: Tail
     report: RepairReport
+    read_end: ReadEnd
+    """Where the records read end (before anything repair appended)."""
 
 
 def _torn_target(log: Path, torn: TornTail, data: bytes) -> tuple[Path, bool]:
@@ -203,14 +216,19 @@ def _save_torn_tail(log: Path, torn: TornTail) -> str:
 def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: bool) -> _Outcome:
     """Read and (unless ``dry_run``) repair a session whose lock the caller holds."""
     log = log_path(folder)
-    stream = RecordStream(log, label=str(folder))
-    tail = Tail()
+    # The index spares folding (and, unless every record is wanted, reading) what it covers
+    # (docs/log-format.md, The index of a long log). A long read leaves one for the next.
+    reading = Reading(folder, label=str(folder))
+    tail = reading.scan.tail
     events: list[Record] = []
-    for record in stream:
-        tail.feed(record)
+    if keep_events and reading.from_offset:
+        events.extend(_covered(reading))
+    for record in reading.stream:
+        reading.scan.feed(record)
         if keep_events:
             events.append(record)
-    torn = stream.torn
+    torn = reading.stream.torn
+    read_end = ReadEnd(tail.next_seq, reading.stream.end_offset, reading.stream.lines)
 
     # Nothing to close in a log that has no complete record (a crash during the very first append):
     # a session/repaired there would break "the first record is session/start".
@@ -219,7 +237,9 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
 
     if torn is None and not closing:
         report = RepairReport(dry_run, None, None, (), None, (), 0)
-        return _Outcome(events, tail, report)
+        if not dry_run:
+            reading.save()
+        return _Outcome(events, tail, report, read_end)
 
     if dry_run:
         torn_file = None if torn is None else f"{log.name}.torn-{torn.offset}"
@@ -245,12 +265,30 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
     appended = [*closers, summary] if summary is not None else closers
     if not dry_run and appended:
         _append_whole_lines(log, appended)
-    for record in appended:
-        tail.feed(record)
-        if keep_events:
-            events.append(record)
+    if dry_run:
+        for record in appended:
+            tail.feed(record)
+    else:
+        reading.extend(appended)  # feeds the tail too
+        reading.save()
+    if keep_events:
+        events.extend(appended)
     report = RepairReport(dry_run, torn, torn_file, tuple(closers), summary, plan.processes, killed)
-    return _Outcome(events, tail, report)
+    return _Outcome(events, tail, report, read_end)
+
+
+def _covered(reading: Reading) -> list[Record]:
+    """The records the verified index covers, parsed for a caller that wants them all (the
+    index's state already holds what they fold to, so they are not folded again)."""
+    out: list[Record] = []
+    with RecordStream(reading.log, label=str(reading.folder)) as head:
+        for record in head:
+            out.append(record)
+            if head.end_offset >= reading.from_offset:
+                break
+    if head.end_offset != reading.from_offset:  # cannot be: the bytes hashed the same
+        raise SessionError(f"{reading.log} changed while it was read", session=str(reading.folder))
+    return out
 
 
 def _locked(session_dir: str | os.PathLike[str]) -> tuple[Path, SessionLock]:
@@ -266,7 +304,7 @@ def load(session_dir: str | os.PathLike[str], *, clock: Clock | None = None) -> 
     Raises ``SessionLive`` (naming the holder's pid) if another process holds the session lock,
     ``LogCorrupted`` for a bad line in the middle of the log and ``LogFormatUnsupported`` for a
     log this version cannot read; in all three cases nothing on disk is changed. The lock is
-    released before returning. Loading a balanced log writes nothing.
+    released before returning. Loading a balanced log writes nothing to it.
     """
     folder, lock = _locked(session_dir)
     try:
@@ -292,7 +330,16 @@ def repair_children(folder: Path, *, clock: Clock | None = None) -> None:
         return
     for child in sorted(children.iterdir()):
         if not is_temporary(child.name) and log_path(child).is_file():
-            load(child, clock=clock)
+            # As load() does, without keeping the child's records (nobody reads them here):
+            # the child's index, if it has one, spares reading its log.
+            folder, lock = _locked(child)
+            try:
+                repair_children(folder, clock=clock)
+                repair_locked(
+                    folder, clock=clock or SystemClock(), dry_run=False, keep_events=False
+                )
+            finally:
+                lock.release()
 
 
 def repair(

@@ -18,7 +18,7 @@ not reconstructed from its chunks.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Generic, TypeVar, assert_never
+from typing import Any, Generic, TypeVar, assert_never
 
 from andon.base import ErrorCode
 from andon.session._records import (
@@ -206,6 +206,59 @@ class Tail:
             case _:
                 assert_never(record.data)
 
+    def to_json(self) -> dict[str, Any]:
+        """What this tail holds, as JSON: the index of a long log keeps it (``_index``)."""
+        step = self.step
+        return {
+            "next_seq": self.next_seq,
+            "last_time": self.last_time,
+            "last_turn": self.last_turn,
+            "open_turn": self.open_turn,
+            "session_id": self.session_id,
+            "step": None
+            if step is None
+            else {
+                "turn": step.turn,
+                "step": step.step,
+                "requested": [block.to_json() for block in step.requested],
+                "calls": [call.to_json() for call in _oldest_first(step.calls)],
+                "started": [run.to_json() for run in _oldest_first(step.started)],
+                "answered": _oldest_first(step.answered),
+            },
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Tail:
+        """The tail :meth:`to_json` gave; ``ValueError``/``KeyError``/``TypeError`` if it is not
+        one (the index is then ignored)."""
+        tail = cls()
+        tail.next_seq = _int(obj["next_seq"])
+        tail.last_time = float(obj["last_time"])
+        tail.last_turn = _int(obj["last_turn"])
+        tail.open_turn = _opt_int(obj["open_turn"])
+        session_id = obj["session_id"]
+        if session_id is not None and not isinstance(session_id, str):
+            raise TypeError("session_id is not a string")
+        tail.session_id = session_id
+        step = obj["step"]
+        if step is not None:
+            calls: _Link[ToolCall] | None = None
+            for call in step["calls"]:
+                calls = _Link(ToolCall.from_json(call), calls)
+            started: _Link[ToolStarted] | None = None
+            for run in step["started"]:
+                started = _Link(ToolStarted.from_json(run), started)
+            answered: _Link[str] | None = None
+            for call_id in step["answered"]:
+                if not isinstance(call_id, str):
+                    raise TypeError("a call id is not a string")
+                answered = _Link(call_id, answered)
+            requested = tuple(ToolCallBlock.from_json(b) for b in step["requested"])
+            tail.step = OpenStep(
+                _int(step["turn"]), _int(step["step"]), requested, calls, started, answered
+            )
+        return tail
+
     def dangling(self) -> list[Dangling]:
         """The open step's calls that owe a result, in model order."""
         step = self.step
@@ -240,6 +293,16 @@ class Tail:
             seen.add(call_id)
             out.append(Dangling(call_id, call.name, True, tuple(started.get(call_id, ()))))
         return out
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else _int(value)
 
 
 @dataclass(frozen=True, slots=True)

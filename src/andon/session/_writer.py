@@ -33,7 +33,7 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -50,9 +50,15 @@ from andon.base import (
 )
 from andon.session._create import make_temporary, publish, remove_temporary
 from andon.session._lock import SessionLock
-from andon.session._reader import LOG_NAME
+from andon.session._reader import LOG_NAME, RecordStream, iter_records, log_path
 from andon.session._records import EventData, Record, SessionStart, Unrecognized, encode_line
-from andon.session._repair import LoadedSession, RepairReport, repair_children, repair_locked
+from andon.session._repair import (
+    LoadedSession,
+    ReadEnd,
+    RepairReport,
+    repair_children,
+    repair_locked,
+)
 from andon.session._tail import ClosingTexts, Tail, closing_data
 from andon.session._values import TurnFailed
 
@@ -219,6 +225,7 @@ class SessionLog:
         write: WriteFn,
         fsync: FsyncFn,
         loaded: LoadedSession,
+        read_end: ReadEnd | None = None,
         probe: ProbeFn | None = None,
         unpublished: Path | None = None,
     ) -> None:
@@ -230,6 +237,7 @@ class SessionLog:
         self._where = (unpublished or folder) / LOG_NAME
         self.durability: Durability = durability
         self.loaded = loaded
+        self._read_end = read_end or ReadEnd(0, 0, 0)
         self._lock = lock
         self._fd = fd
         self._mark = _Mark(end, 0, tail)
@@ -289,7 +297,9 @@ class SessionLog:
                 outcome = repair_locked(folder, clock=clock, dry_run=False, keep_events=True)
                 tail, report = outcome.tail, outcome.report
                 loaded = LoadedSession(outcome.events, report.repaired, report.closers, report)
+                read_end = outcome.read_end
             else:
+                read_end = ReadEnd(0, 0, 0)
                 tail = Tail()
                 empty = RepairReport(False, None, None, (), None, (), 0)
                 loaded = LoadedSession([], False, (), empty)
@@ -320,6 +330,7 @@ class SessionLog:
                     write=write,
                     fsync=fsync,
                     loaded=loaded,
+                    read_end=read_end,
                     probe=probe,
                     unpublished=unpublished,
                 )
@@ -331,6 +342,26 @@ class SessionLog:
             if unpublished is not None:
                 remove_temporary(unpublished)
             raise
+
+    def records_from(self, seq: int) -> Iterator[Record]:
+        """The log's records from ``seq`` on, read from the file (the records of this process
+        and those before it alike). Where the open read the log up to ``seq`` or beyond, reading
+        starts at the end of what it read rather than at the first line: a resumed session of
+        a million records does not parse them all again to replay its last few."""
+        end = self._read_end
+        if seq >= end.seq:
+            stream = RecordStream(
+                log_path(self.session_dir),
+                label=str(self.session_dir),
+                start=end.offset,
+                start_line=end.lines,
+            )
+        else:
+            stream = iter_records(self.session_dir)
+        with stream:
+            for record in stream:
+                if record.seq >= seq:
+                    yield record
 
     # --- state ------------------------------------------------------------------------------
 

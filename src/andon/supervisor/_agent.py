@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, final
 
@@ -64,7 +64,6 @@ from andon.session import (
     Status,
     TurnStart,
     UserMessage,
-    iter_records,
 )
 from andon.supervisor._context import ContextKeeper
 from andon.supervisor._executor import ToolExecutor
@@ -225,6 +224,12 @@ class Agent:
         (:func:`andon.base.call_tag`)."""
         return self._owner
 
+    def records_from(self, seq: int) -> Iterator[Record]:
+        """The session's records from ``seq`` on, read from its log file as they stand. For a
+        resumed session the records before the resume are not parsed again to reach them
+        (``SessionLog.records_from``): what a run says at its end costs the run, not the log."""
+        return self._logfile.records_from(seq)
+
     def followup(self, text: str, *, source: MessageSource = "user") -> str:
         """Queue ``text`` as its own later turn, and wake the agent. ``source`` says who wrote
         it, for the log (``"output-schema"``: andon's own request for a matching answer)."""
@@ -292,10 +297,9 @@ class Agent:
         try:
             last = -1
             if since_seq is not None:
-                for record in iter_records(self._logfile.path.parent):
-                    if record.seq >= since_seq:
-                        last = record.seq
-                        yield record
+                for record in self._logfile.records_from(since_seq):
+                    last = record.seq
+                    yield record
             while True:
                 item = await sub.queue.get()
                 if item is None:

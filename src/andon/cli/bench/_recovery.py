@@ -8,7 +8,13 @@ that was running), it measures in a fresh process:
 * streaming folds over ``iter_records(dir)``: ``history`` (whose result is itself proportional to
   the log) and ``fold_state`` + ``fold_consumed_work`` (whose results are small): time and peak
   memory, which must not grow with the file when only a fold is needed;
-* the slope: microseconds per event at each size (constant = linear).
+* the slope: microseconds per event at each size (constant = linear);
+* with and without the index of a long log (docs/log-format.md, The index of a long log), each on
+  a fresh copy of the crashed log: what ``andon check`` reads (``summarize``), ``andon repair``
+  (``repair``), and ``andon resume`` before its first model request (read and check the log, the
+  dry-run repair that decides whether it can go on, then the open: repair under the lock and
+  every record read for the agent's history), each with wall time, CPU time and peak memory.
+  "no index" starts without the file; "index" with a valid one that an earlier check left.
 
 Then append throughput per durability mode (``none``, ``barrier`` with a barrier at each turn end
 and before each tool dispatch, as the agent does, and ``every-record``).
@@ -22,6 +28,7 @@ import asyncio
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +38,8 @@ from typing import Any
 
 from andon.base import User
 from andon.session import (
+    INDEX_MIN_BYTES,
+    INDEX_NAME,
     AssistantChunk,
     AssistantMessage,
     AssistantReply,
@@ -62,6 +71,8 @@ from andon.session import (
     history,
     iter_records,
     load,
+    repair,
+    summarize,
 )
 
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
@@ -140,9 +151,25 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _resume(folder: Path) -> bool:
+    """What ``andon resume`` does before its first model request, less starting workers and
+    writing ``session/resumed``; whether the first read came from the index."""
+    from andon.cli._setup import read_existing, refuse_invalid
+
+    existing = read_existing(folder)
+    refuse_invalid(existing)
+    with SessionLog.open(folder, durability="none") as log:
+        loaded = log.loaded.events
+        fold_state(loaded)
+        kept = [r for r in loaded if r.type != "assistant/chunk"]  # what the agent holds
+        del kept
+    return existing.summary.indexed
+
+
 def _child(mode: str, folder: str) -> None:
     """Runs in a fresh process; prints one JSON line."""
     result: dict[str, Any] = {}
+    c0 = time.process_time()
     if mode == "load":
         t0 = time.perf_counter()
         loaded = load(folder)
@@ -165,6 +192,19 @@ def _child(mode: str, folder: str) -> None:
         state = fold_state(iter_records(folder))
         fold_consumed_work(iter_records(folder))
         result = {"seconds": time.perf_counter() - t0, "last_turn": state.last_turn}
+    elif mode == "check":
+        t0 = time.perf_counter()
+        summary = summarize(folder)
+        result = {"seconds": time.perf_counter() - t0, "indexed": summary.indexed}
+    elif mode == "repair":
+        t0 = time.perf_counter()
+        report = repair(folder)
+        result = {"seconds": time.perf_counter() - t0, "repaired": report.repaired}
+    elif mode == "resume":
+        t0 = time.perf_counter()
+        indexed = _resume(Path(folder))
+        result = {"seconds": time.perf_counter() - t0, "indexed": indexed}
+    result["cpu_s"] = time.process_time() - c0
     result["maxrss_mb"] = _maxrss_mb()
     print(json.dumps(result))
 
@@ -187,7 +227,8 @@ def _recovery(sizes: list[int], tmp: Path) -> list[dict[str, Any]]:
         folder = tmp / f"log-{size}"
         count = _write_log(folder, size)
         mib = (folder / "events.jsonl").stat().st_size / 2**20
-        cold = _run_child("load", folder)
+        # The cold load runs on a copy: it repairs the log, and the index rows want it crashed.
+        cold = _run_child("load", Path(_copy(folder, tmp / "load")))
         stream = _run_child("stream-history", folder)
         fold = _run_child("stream-fold", folder)
         total = cold["load_s"] + cold["history_s"]
@@ -197,15 +238,50 @@ def _recovery(sizes: list[int], tmp: Path) -> list[dict[str, Any]]:
                 "file_mib": round(mib, 1),
                 "load_repair_s": round(cold["load_s"], 4),
                 "history_s": round(cold["history_s"], 4),
+                "cpu_s": round(cold["cpu_s"], 3),
                 "us_per_event": round(total / count * 1e6, 2),
                 "peak_mb_load": round(max(0.0, cold["maxrss_mb"] - baseline), 1),
                 "stream_history_s": round(stream["seconds"], 4),
                 "peak_mb_history": round(max(0.0, stream["maxrss_mb"] - baseline), 1),
                 "stream_folds_s": round(fold["seconds"], 4),
+                "folds_cpu_s": round(fold["cpu_s"], 3),
                 "peak_mb_folds": round(max(0.0, fold["maxrss_mb"] - baseline), 1),
                 "repaired": cold["repaired"],
             }
         )
+        shutil.rmtree(tmp / "load")
+    return rows
+
+
+def _copy(folder: Path, to: Path, *, index: bool = False) -> str:
+    """A fresh copy of a session folder, with or without its index."""
+    shutil.rmtree(to, ignore_errors=True)
+    shutil.copytree(folder, to)
+    if not index:
+        (to / INDEX_NAME).unlink(missing_ok=True)
+    return str(to)
+
+
+def _indexed(counts: dict[int, int], tmp: Path) -> list[dict[str, Any]]:
+    """check, repair and resume of each crashed log (``log-<size>``, ``counts[size]`` events),
+    without and with its index."""
+    baseline = _run_child("baseline", tmp)["maxrss_mb"]
+    rows = []
+    for size, count in counts.items():
+        folder = tmp / f"log-{size}"
+        # A check of the crashed log leaves the index every "index" row starts from.
+        _run_child("check", folder)
+        for index in (False, True):
+            row: dict[str, Any] = {"events": count, "index": "index" if index else "no index"}
+            for mode in ("check", "repair", "resume"):
+                result = _run_child(mode, Path(_copy(folder, tmp / "run", index=index)))
+                row[f"{mode}_s"] = round(result["seconds"], 3)
+                row[f"{mode}_cpu_s"] = round(result["cpu_s"], 3)
+                row[f"{mode}_peak_mb"] = round(max(0.0, result["maxrss_mb"] - baseline), 1)
+                if mode == "check":
+                    row["used"] = result["indexed"]  # only a log past INDEX_MIN_BYTES has one
+            rows.append(row)
+        shutil.rmtree(tmp / "run", ignore_errors=True)
     return rows
 
 
@@ -217,24 +293,25 @@ def _throughput(tmp: Path) -> list[dict[str, Any]]:
 
         async def run(
             events: list[EventData] = events, folder: Path = folder, mode: Any = mode
-        ) -> float:
+        ) -> tuple[float, float]:
             log = SessionLog.open(folder, durability=mode)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for data in events:
                 log.append(data)
                 # the agent's durable barriers: before a tool is dispatched, and at every turn/end
                 if isinstance(data, ToolCall | TurnEnd):
                     await log.barrier()
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
             await log.aclose()
-            return elapsed
+            return elapsed, cpu
 
-        elapsed = asyncio.run(run())
+        elapsed, cpu = asyncio.run(run())
         rows.append(
             {
                 "durability": mode,
                 "appends": len(events),
                 "seconds": round(elapsed, 3),
+                "cpu_s": round(cpu, 3),  # this process, the fsync thread included
                 "appends_per_s": round(len(events) / elapsed),
                 "us_per_append": round(elapsed / len(events) * 1e6, 1),
             }
@@ -255,9 +332,12 @@ def run_recovery(max_events: int, progress: Any) -> tuple[dict[str, Any], str]:
     """Both parts; returns (the JSON object, the text tables)."""
     sizes = [s for s in SIZES if s <= max_events] or [max_events]
     with tempfile.TemporaryDirectory(prefix="andon-bench-") as tmp:
-        progress("recovery", 0, 2)
+        progress("recovery", 0, 3)
         recovery = _recovery(sizes, Path(tmp))
-        progress("recovery", 1, 2)
+        progress("recovery", 1, 3)
+        counts = {size: row["events"] for size, row in zip(sizes, recovery, strict=True)}
+        indexed = _indexed(counts, Path(tmp))
+        progress("recovery", 2, 3)
         throughput = _throughput(Path(tmp))
     slopes = [r["us_per_event"] for r in recovery]
     text = "\n".join(
@@ -266,12 +346,18 @@ def run_recovery(max_events: int, progress: Any) -> tuple[dict[str, Any], str]:
             _table(recovery),
             f"slope: {min(slopes)}..{max(slopes)} us/event across sizes (constant = linear)",
             "",
+            "check, repair and resume (up to the first model request) of the crashed log, "
+            "without and with its index",
+            _table(indexed),
+            f"(used: the index was valid and used; a log under {INDEX_MIN_BYTES >> 20} MiB gets "
+            "none; seconds are wall time, cpu_s user + system time of the process)",
+            "",
             "append throughput per durability mode",
             _table(throughput),
             f"(fsync on this machine: see the every-record row; host {os.uname().nodename})",
         ]
     )
-    return {"recovery": recovery, "append": throughput}, text
+    return {"recovery": recovery, "index": indexed, "append": throughput}, text
 
 
 if __name__ == "__main__":  # the fresh child process of one measurement
