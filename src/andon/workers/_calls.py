@@ -151,8 +151,8 @@ class CallContext:
         self.procs: CallProcesses | None = None
         self.call_process: CallProcess | None = None
         self.spare = spare
-        """The worker's spare call process, this call's to use or to let go of (it is never
-        given back: it has seen this call's handover, or failed it)."""
+        """The worker's spare call process: a Python call takes it (and lets go of it if the
+        handover fails); any other call, or one that never starts, leaves it to the worker."""
         self._pending: list[Signalled] = []
         # Output flow control: bytes the supervisor has consumed, and how to resume reading.
         self.acked = 0

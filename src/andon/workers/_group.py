@@ -50,7 +50,14 @@ class CallProcesses:
         self.tag = tag  # an environment entry only this call's processes carry
         # The worker's spare call process (pinned, in its own group, no child of its own): the
         # worker's child during a shell call, and never a member of it.
-        self.spare = spare
+        self._spare = spare
+
+    @property
+    def spare(self) -> int | None:
+        """The spare's pid while it is pinned (a reaped spare's pid may be reused by anything,
+        a process of this call included: it is then nobody to pass over)."""
+        spare = self._spare
+        return spare if spare is not None and self.reaper.holds(spare) else None
 
     @property
     def pinned(self) -> bool:
@@ -72,15 +79,16 @@ class CallProcesses:
         found = {p.pid: p for p in self._cgroup_members()}
         # With a cgroup, the /proc scan is needed only when something may have left it: a
         # process outside the cgroup that is ours is, as a subreaper's, below one of our children.
-        if self.cgroup is None or _has_children(self.spare):
+        spare = self.spare
+        if self.cgroup is None or _has_children(spare):
             everything = procs.snapshot()
             if self.pinned:
                 found.update((p.pid, p) for p in everything if p.pgid == self.pgid)
             # A reaped leader's group id may belong to a stranger now; our descendants are ours.
             found.update((p.pid, p) for p in procs.descendants(self.worker_pid, everything))
         found.pop(self.worker_pid, None)
-        if self.spare is not None:
-            found.pop(self.spare, None)
+        if spare is not None:
+            found.pop(spare, None)
         found.pop(os.getpid(), None)
         return [p for p in found.values() if include_zombies or not p.zombie]
 

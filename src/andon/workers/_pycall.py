@@ -363,12 +363,14 @@ def _apply_environment(call: _Call) -> None:
 
 
 def _forget_the_worker() -> None:
-    """Drop what the fork copied of the worker's event loop: its SIGCHLD handler and wakeup fd
-    (the worker set every other disposition to the default at its start, and only its reaper
-    installs one) and the note that a loop is running in this thread."""
+    """Drop what the fork copied of the worker's event loop: its signal handlers and wakeup fd
+    (the worker set every disposition to the default at its start; its loop then handles
+    SIGCHLD for the reaper and, as a program, SIGTERM and SIGINT for its drain: kept, they would
+    make a tool deaf to the TERM stage) and the note that a loop is running in this thread."""
     with contextlib.suppress(ValueError, OSError):
         _signal.set_wakeup_fd(-1)
-    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    for sig in (_signal.SIGCHLD, _signal.SIGTERM, _signal.SIGINT):
+        _signal.signal(sig, _signal.SIG_DFL)
     # Python 3.11 keeps the forking thread's running loop across fork; a new loop refuses to run
     # while it is set.
     asyncio.events._set_running_loop(None)
