@@ -88,18 +88,27 @@ def _relative(cgroup: str) -> str:
 
 
 async def test_a_call_too_big_to_hand_over_runs_in_its_own_fork() -> None:
-    arguments = {"data": {"text": "x" * (2 * 1024 * 1024)}}  # more than the pipe holds
     async with running_pool("subreaper", registry=spare_tools()) as (pool, executor):
+        # Arguments that fit the pipe are handed over...
         spare = await spare_of(pool, executor, "c1-1-1")
+        fits = {"data": {"text": "x" * (32 * 1024)}}
+        request = ToolCallRequest("c1-1-2", "takes_data", json.dumps(fits), os.getcwd())
+        task, rec, _ = await start(executor, request)
+        outcome = await task
+        assert outcome.error is None and outcome.content == "1", outcome.content[:200]
+        assert rec.started is not None and rec.started.pid == spare.pid
+        # ... more than it holds are not: the call gets its own fork.
+        spare = await spare_of(pool, executor, "c1-1-3")
         seen = _info(spare)
-        request = ToolCallRequest("c1-1-2", "takes_data", json.dumps(arguments), os.getcwd())
+        too_big = {"data": {"text": "x" * (2 * 1024 * 1024)}}
+        request = ToolCallRequest("c1-1-4", "takes_data", json.dumps(too_big), os.getcwd())
         task, rec, _ = await start(executor, request)
         outcome = await task
         assert outcome.error is None and outcome.content == "1", outcome.content[:200]
         assert rec.started is not None and rec.started.pid != spare.pid
         # The spare it could not use was let go of, and another took its place.
         assert alive_after([seen], timeout=5.0) == []
-        assert (await spare_of(pool, executor, "c1-1-3")) != spare
+        assert (await spare_of(pool, executor, "c1-1-5")) != spare
 
 
 async def test_a_spare_that_died_is_not_handed_a_call() -> None:

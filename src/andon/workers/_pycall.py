@@ -138,8 +138,6 @@ class CallProcess:
             self._result_fd = None
 
 
-_HANDOVER_PIPE = 1024 * 1024
-"""The size asked for the pipe a spare reads its call from (best effort: the system's limit)."""
 _CANCEL_ROOM = 4096
 """Room the handover leaves in that pipe for the cancels written before the spare reads it (a
 few dozen bytes each, at most one per stage): no write to the pipe ever blocks."""
@@ -164,12 +162,14 @@ class Spare:
         """Fork a spare from this (idle) worker; only the worker returns."""
         to_call_r, to_call_w = os.pipe2(os.O_CLOEXEC)
         from_call_r, from_call_w = os.pipe2(os.O_CLOEXEC)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(to_call_w, fcntl.F_SETPIPE_SZ, _HANDOVER_PIPE)
+        # The pipe keeps its own size (64 KiB, or a page for a user over the system's pipe
+        # limit), not a bigger one: a spare holds its pipe for as long as the worker is idle, and
+        # the buffers are counted against the user's limit, which every pipe of theirs shares.
+        # A call with bigger arguments gets a call process forked for it.
         try:
             room = fcntl.fcntl(to_call_w, fcntl.F_GETPIPE_SZ)
         except OSError:
-            room = 64 * 1024
+            room = 4096
         try:
             pid = os.fork()
         except BaseException:
