@@ -14,10 +14,10 @@ Two pipes join it to the worker:
 * worker -> call: for a spare, first the call itself (a length-prefixed msgpack list: the tool's
   name, its checked arguments, and the ``run`` fields the process needs); then cancels, each a
   length-prefixed msgpack map ``{"cause": <cause dict>}``. The tool's signal aborts with that
-  cause. Bytes written before the call process reads them wait in
-  the pipe, so a cancel that lands between the fork and the tool's first line is never lost: the
-  call process reads the pipe before it calls the tool, and does not call it when a cancel is
-  already there.
+  cause. Bytes written before the call process reads them wait in the pipe, so a cancel that
+  lands between the fork (or the handover) and the tool's first line is never lost: the call
+  process reads the pipe before it calls the tool, and does not call it when a cancel is already
+  there.
 * call -> worker: the outcome, one msgpack map ``{"content", "error"}``, then EOF. The result
   text and the error message are each made valid Unicode (a tool may return or raise with any
   str, surrogate escapes of a file name included: msgpack refuses those) and capped alike at
@@ -350,8 +350,9 @@ def _life(
 
 def _apply_environment(call: _Call) -> None:
     """Make ``os.environ`` the tool's environment: the worker's (which this process has, as
-    forked), less ``env_remove``, plus ``env_add`` and the call's id and tag. Only what differs
-    is touched: each change is a putenv."""
+    forked), less ``env_remove``, plus ``env_add`` and the call's id and tag. Only the names the
+    call changes are touched (each is a putenv; rebuilding the whole environment cost a
+    millisecond)."""
     environ = os.environ
     for name in call.env_remove:
         if name in environ:
@@ -462,7 +463,7 @@ class _CancelReader:
                     del self.buffer[: _LEN.size + size]
                     os.set_blocking(self.fd, False)
                     return msgpack.unpackb(frame, raw=False)
-            data = os.read(self.fd, 1024 * 1024)
+            data = os.read(self.fd, 64 * 1024)  # the pipe's size: the call is in one or two reads
             if not data:
                 return None
             self.buffer += data
