@@ -62,6 +62,7 @@ __all__ = [
     "cgroup_pids",
     "child_ended",
     "child_running",
+    "cpu_time",
     "descendants",
     "find_call",
     "kill_call",
@@ -78,6 +79,7 @@ __all__ = [
     "stat",
     "subtree",
     "tag_entry",
+    "tag_slot",
     "tagged",
     "wait_exited",
 ]
@@ -197,34 +199,65 @@ TAG_SLOT = "." * 160
 that :func:`stamp_tag` overwrites in a forked call process."""
 
 
-def stamp_tag(tag: str) -> bool:
-    """Make this process (and every fork of it) carry ``tag`` in ``/proc/self/environ``.
+def cpu_time(pid: int) -> float:
+    """CPU seconds process ``pid`` has used, every thread of it to the nanosecond, and the
+    children it has reaped (to the clock tick). For benchmarks: 0.0 once it has gone."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    fields = _stat_fields(pid)
+    try:
+        reaped = int(fields[13]) + int(fields[14]) if fields is not None else 0  # cutime, cstime
+    except (IndexError, ValueError):
+        reaped = 0
+    return total / 1e9 + reaped / CLK_TCK
 
-    A forked Python call process has no exec of its own: what ``/proc`` shows as its environment
-    is the block its ancestor was exec'd with, whatever ``os.environ`` says. The forkserver is
-    exec'd with ``ANDON_CALL_TAG=<TAG_SLOT>``, so the block holds a slot; the tag is written into
-    that memory in place (as setproctitle does for argv). False, changing nothing, when there is
-    no slot (a worker not started by a pool) or the tag does not fit.
-    """
+
+def tag_slot() -> int | None:
+    """The address of this process's tag slot (see :func:`stamp_tag`), or None if it has none.
+    Found ahead of time by a call process forked before its call (the slot is at the same
+    address in every fork), so the stamp itself is one ``memmove``."""
     fields = _stat_fields(os.getpid())
     try:
         with open("/proc/self/environ", "rb") as f:
             block = f.read()
         start = int(fields[47]) if fields is not None else 0  # field 50: env_start
     except (OSError, IndexError, ValueError):
-        return False
+        return None
     slot = f"{TAG_VAR}={TAG_SLOT}".encode()
-    entry = tag_entry(tag)
     if block.startswith(slot + b"\0"):
         at = 0
     else:
         found = block.find(b"\0" + slot + b"\0")
         if found < 0:
-            return False
+            return None
         at = found + 1
-    if start == 0 or len(entry) > len(slot):
+    return None if start == 0 else start + at
+
+
+def stamp_tag(tag: str, slot: int | None) -> bool:
+    """Make this process (and every fork of it) carry ``tag`` in ``/proc/self/environ``.
+
+    A forked Python call process has no exec of its own: what ``/proc`` shows as its environment
+    is the block its ancestor was exec'd with, whatever ``os.environ`` says. The forkserver is
+    exec'd with ``ANDON_CALL_TAG=<TAG_SLOT>``, so the block holds a slot; the tag is written into
+    that memory in place (as setproctitle does for argv). ``slot`` is what :func:`tag_slot`
+    found. False, changing nothing, when there is no slot (a worker not started by a pool) or
+    the tag does not fit.
+    """
+    entry = tag_entry(tag)
+    width = len(TAG_VAR) + 1 + len(TAG_SLOT)
+    if slot is None or len(entry) > width:
         return False
-    ctypes.memmove(start + at, entry + b"\0" * (len(slot) - len(entry)), len(slot))
+    ctypes.memmove(slot, entry + b"\0" * (width - len(entry)), width)
     return True
 
 

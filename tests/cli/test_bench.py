@@ -62,6 +62,12 @@ def test_dispatch_runs_with_tcp_and_container_rows(capsys: pytest.CaptureFixture
     data = run_json(capsys, "dispatch", "--runs", "1")
     assert data["noop_ratio_p50"] > 0
     assert set(data["calls_per_second"]) == {"1", "2", "4"}
+    # CPU time beside wall time, for every path and floor, and for each pool size.
+    assert all(row["cpu"] > 0 for row in data["round_trip"].values()), data["round_trip"]
+    noop = data["round_trip"]["no-op Python tool through the pool"]
+    assert data["noop_cpu_per_call"] == noop["cpu"]
+    assert set(data["cpu_per_call_by_workers"]) == {"1", "2", "4"}
+    assert all(cpu > 0 for cpu in data["cpu_per_call_by_workers"].values())
     remote = data["remote"]
     assert remote["raw zmq round trip, tcp + CURVE loopback (floor)"]["n"] >= 5
     assert remote["bash -c true through a tcp + CURVE worker"]["n"] >= 5

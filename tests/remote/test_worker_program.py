@@ -21,7 +21,7 @@ import zmq
 import zmq.asyncio
 
 from andon import procs
-from andon.base import ErrorCode, GracePolicy, WorkerError
+from andon.base import ErrorCode, GracePolicy, ManualClock, User, WorkerError
 from andon.fleet import (
     CommandLauncher,
     LaunchedWorker,
@@ -44,6 +44,7 @@ from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.workers import default, tool
 from tests.remote.conftest import Refusals
 from tests.support import procs_with_marker
+from tests.workers.pytools import more_tools
 from tests.workers.support import start
 
 pytestmark = pytest.mark.timeout(90)
@@ -300,3 +301,23 @@ async def test_a_server_key_that_begins_with_a_dash_reaches_the_worker() -> None
         task, _, _ = await start(executor, _bash("c1-1-1", "echo dash-key"))
         outcome = await asyncio.wait_for(task, 30)
     assert outcome.content.startswith("dash-key")
+
+
+async def test_a_python_tool_of_a_program_worker_is_stopped_by_term() -> None:
+    """As a program the worker handles SIGTERM itself (through its event loop); the Python
+    call processes forked from it must not inherit that handler, or SIGTERM would do nothing
+    to a tool and only the KILL stage would stop it."""
+    clock = ManualClock()
+    launcher = _local_launcher(tools="tests.workers.pytools:more_tools")
+    async with WorkerPool(WorkerPoolConfig(size=1), more_tools(), launcher=launcher) as pool:
+        grace = GracePolicy(term_after=1.0, kill_after=1.0)
+        executor = ToolExecutor(pool, pool.registry, grace=grace, clock=clock)
+        request = ToolCallRequest("c1-1-1", "stubborn_sync", '{"seconds": 60}', os.getcwd())
+        task, recorder, controller = await start(executor, request)
+        await asyncio.wait_for(recorder.wait_until(lambda: recorder.started is not None), 30)
+        controller.abort(User())
+        await recorder.wait_stage("interrupt")  # the tool ignores it
+        clock.advance(1.0)  # SIGTERM to the call's group: its default action ends the tool
+        outcome = await asyncio.wait_for(task, 30)
+    assert outcome.ended_by == "term", outcome
+    assert outcome.exit_signal == signal.SIGTERM

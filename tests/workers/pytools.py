@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+from pathlib import Path
 
 import andon.tools
 from andon.base import AbortSignal
@@ -172,5 +174,63 @@ def raises_escaped() -> str:
 def bytes_tools() -> andon.tools.ToolRegistry:
     reg = registry()
     for t in (fails_at_length, returns_escaped, raises_escaped):
+        reg.add(t)
+    return reg
+
+
+@andon.tools.tool
+def where_am_i() -> str:
+    """Says which process runs it: pid, group, cgroup, call id, and whether ``/proc`` shows the
+    call's tag in its environment block."""
+    from andon import procs
+
+    tag = os.environ.get(procs.TAG_VAR, "")
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "pgid": os.getpgid(0),
+            "cgroup": Path("/proc/self/cgroup").read_text().strip(),
+            "call_id": os.environ.get("ANDON_CALL_ID"),
+            "tagged": procs.carries(os.getpid(), procs.tag_entry(tag)),
+        }
+    )
+
+
+@andon.tools.tool
+async def marks_then_cooperates(marker: str, *, signal: AbortSignal) -> str:
+    """Creates ``marker`` as its first line (a test learns from it that the tool ran at all),
+    then waits for its signal (bounded)."""
+    Path(marker).touch()
+    await asyncio.wait_for(signal.wait(), 60)
+    signal.throw_if_aborted()
+    return "unreachable"
+
+
+@andon.tools.tool
+def marks_then_cooperates_sync(marker: str, *, signal: AbortSignal) -> str:
+    """The same, as a sync tool (a cancel reaches it as SIGIO)."""
+    Path(marker).touch()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        signal.throw_if_aborted()
+        time.sleep(0.01)  # sleep-ok: a sync tool's own work, checking its signal in between
+    return "finished"
+
+
+@andon.tools.tool
+def closes_its_pipes(ready: str) -> str:
+    """Closes every descriptor but 0-2 (its pipes to the worker among them: a cancel written now
+    finds the pipe broken while the process still runs), says so on the FIFO ``ready``, then
+    waits to be stopped by a signal."""
+    os.closerange(3, 4096)
+    with open(ready, "w") as f:
+        f.write("closed\n")
+    time.sleep(300)  # sleep-ok: waits to be stopped with its call
+    return "unreachable"
+
+
+def spare_tools() -> andon.tools.ToolRegistry:
+    reg = data_tools()
+    for t in (where_am_i, marks_then_cooperates, marks_then_cooperates_sync, closes_its_pipes):
         reg.add(t)
     return reg

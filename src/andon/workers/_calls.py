@@ -62,12 +62,19 @@ from andon.protocol import (
 from andon.workers._containment import CgroupTree
 from andon.workers._group import CallProcesses
 from andon.workers._output import HeadTail
-from andon.workers._pycall import CallProcess, Outcome
+from andon.workers._pycall import CallProcess, Outcome, Spare
 from andon.workers._pycall import spawn as spawn_call_process
 from andon.workers._reaper import Reaper, WaitStatus
 from andon.workers._registry import ArgumentError, Tool, ToolRegistry, validate_arguments
 
-__all__ = ["CallContext", "CallStop", "internal_error_result", "kill_everything", "run_call"]
+__all__ = [
+    "CallContext",
+    "CallStop",
+    "internal_error_result",
+    "kill_everything",
+    "retire_spare",
+    "run_call",
+]
 
 _READ_CHUNK = 1024 * 1024
 _PIPE_SIZE = 1024 * 1024
@@ -127,6 +134,7 @@ class CallContext:
         cgroups: CgroupTree | None,
         worker_cgroup: Path | None,
         send: Send,
+        spare: Spare | None = None,
     ) -> None:
         self.run = run
         self.registry = registry
@@ -142,6 +150,9 @@ class CallContext:
         """The call's stop as the cancels so far made it; replaced whole by :meth:`cancel`."""
         self.procs: CallProcesses | None = None
         self.call_process: CallProcess | None = None
+        self.spare = spare
+        """The worker's spare call process: a Python call takes it (and lets go of it if the
+        handover fails); any other call, or one that never starts, leaves it to the worker."""
         self._pending: list[Signalled] = []
         # Output flow control: bytes the supervisor has consumed, and how to resume reading.
         self.acked = 0
@@ -330,8 +341,11 @@ def _inside(ctx: CallContext, call_cgroup: Path | None) -> Iterator[None]:
             CgroupTree.enter(ctx.worker_cgroup)
 
 
-async def _announce(ctx: CallContext, pid: int, call_cgroup: Path | None) -> None:
-    """The call's process exists: hold it, and tell the supervisor what to stop if we vanish."""
+async def _announce(
+    ctx: CallContext, pid: int, call_cgroup: Path | None, create_time: float | None = None
+) -> None:
+    """The call's process exists: hold it, and tell the supervisor what to stop if we vanish.
+    (``create_time``: the leader's, if already known.)"""
     run = ctx.run
     ctx.reaper.watch(pid)
     ctx.procs = CallProcesses(
@@ -341,15 +355,18 @@ async def _announce(ctx: CallContext, pid: int, call_cgroup: Path | None) -> Non
         pgid=pid,
         cgroup=call_cgroup,
         tag=_procs.tag_entry(run.tag),
+        spare=ctx.spare.pid if ctx.spare is not None else None,
     )
-    # The leader is our unreaped child: its stat line is there even if it has already exited.
-    leader = _procs.stat(pid)
+    if create_time is None:
+        # The leader is our unreaped child: its stat line is there even if it has exited.
+        leader = _procs.stat(pid)
+        create_time = leader.key.create_time if leader is not None else 0.0
     await ctx.send(
         Started(
             call_id=run.call_id,
             pid=pid,
             pgid=pid,
-            create_time=leader.key.create_time if leader is not None else 0.0,
+            create_time=create_time,
             containment=ctx.mode,
             cgroup=str(call_cgroup) if call_cgroup is not None else None,
         )
@@ -511,10 +528,17 @@ async def _sweep(ctx: CallContext) -> int:
 async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -> Result:
     run = ctx.run
     call_cgroup: Path | None = None
+    child: CallProcess | None = None
+    create_time: float | None = None
     try:
         call_cgroup = ctx.call_cgroup()
-        with _inside(ctx, call_cgroup):
-            child = spawn_call_process(run, tool, arguments, tool_environment(run))
+        spare, ctx.spare = ctx.spare, None
+        if spare is not None:
+            child = _hand_over(ctx, spare, arguments, call_cgroup)
+            create_time = spare.create_time if child is not None else None
+        if child is None:
+            with _inside(ctx, call_cgroup):
+                child = spawn_call_process(run, tool, arguments)
     except OSError as e:
         if call_cgroup is not None:
             CgroupTree.remove(call_cgroup)
@@ -523,7 +547,7 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
     ctx.call_process = child
     child.start_reading(asyncio.get_running_loop())
     try:
-        await _announce(ctx, child.pid, call_cgroup)
+        await _announce(ctx, child.pid, call_cgroup, create_time)
         status, ended_by, strays = await _wait_and_sweep(ctx, child.pid)
         outcome = child.take_outcome()
     finally:
@@ -547,6 +571,41 @@ async def _run_python(ctx: CallContext, tool: Tool, arguments: dict[str, Any]) -
         error=outcome.error,
         strays_killed=strays,
     )
+
+
+def _hand_over(
+    ctx: CallContext, spare: Spare, arguments: dict[str, Any], call_cgroup: Path | None
+) -> CallProcess | None:
+    """Make the spare this call's process, or let go of it and return None (the caller forks
+    one for the call). Synchronous, like the fork it replaces: no cancel is handled in between.
+
+    The spare is the worker's unreaped child (the reaper holds it), so its pid, and the group it
+    leads, are still its own: moving it into the call's cgroup cannot move a stranger. It is
+    moved before it reads its call, so the tool, and everything it starts, is inside from its
+    first line; it has no child of its own to leave behind."""
+    frame = spare.handover(ctx.run, arguments)
+    if frame is not None and ctx.reaper.holds(spare.pid):
+        try:
+            if call_cgroup is not None:
+                CgroupTree.enter(call_cgroup, spare.pid)
+        except OSError:
+            pass  # it has exited (a zombie cannot be moved): let go of it below
+        else:
+            child = spare.hand_over(frame)
+            if child is not None:
+                return child
+    retire_spare(spare, ctx.reaper)
+    return None
+
+
+def retire_spare(spare: Spare, reaper: Reaper) -> None:
+    """Let go of a spare nobody will use: close its pipe (it exits on its own when it reads the
+    end) and, while its group is still pinned, SIGKILL that group. Its exit is reaped like a
+    stray's."""
+    spare.close()
+    if reaper.holds(spare.pid):
+        _procs.killpg_pinned(spare.pid, _signal.SIGKILL)
+    reaper.forget(spare.pid)
 
 
 def _no_outcome(status: WaitStatus, *, stopped: bool) -> Outcome:

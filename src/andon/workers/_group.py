@@ -40,6 +40,7 @@ class CallProcesses:
         pgid: int | None = None,
         cgroup: Path | None = None,
         tag: bytes | None = None,
+        spare: int | None = None,
     ) -> None:
         self.mode = mode
         self.worker_pid = worker_pid
@@ -47,6 +48,16 @@ class CallProcesses:
         self.pgid = pgid  # the leader's pid: the worker's child, watched by the reaper
         self.cgroup = cgroup
         self.tag = tag  # an environment entry only this call's processes carry
+        # The worker's spare call process (pinned, in its own group, no child of its own): the
+        # worker's child during a shell call, and never a member of it.
+        self._spare = spare
+
+    @property
+    def spare(self) -> int | None:
+        """The spare's pid while it is pinned (a reaped spare's pid may be reused by anything,
+        a process of this call included: it is then nobody to pass over)."""
+        spare = self._spare
+        return spare if spare is not None and self.reaper.holds(spare) else None
 
     @property
     def pinned(self) -> bool:
@@ -68,7 +79,8 @@ class CallProcesses:
         found: dict[int, ProcInfo] = {}
         # With a cgroup, the /proc scan is needed only when something may have left it: a
         # process outside the cgroup that is ours is, as a subreaper's, below one of our children.
-        if self.cgroup is None or _has_children():
+        spare = self.spare
+        if self.cgroup is None or _has_children(spare):
             # As a subreaper, every process of the call is the worker's descendant (the group's
             # members too: nothing outside the call's session can join its group), so the walk
             # of the worker's own subtree finds them all without reading the whole machine.
@@ -85,6 +97,8 @@ class CallProcesses:
                 if pid not in found and (info := procs.stat(pid)) is not None:
                     found[pid] = info
         found.pop(self.worker_pid, None)
+        if spare is not None:
+            found.pop(spare, None)
         found.pop(os.getpid(), None)
         return [p for p in found.values() if include_zombies or not p.zombie]
 
@@ -119,7 +133,7 @@ class CallProcesses:
         probe_group = self.pgid is not None and (self.pinned or self.mode == "pgroup")
         if probe_group and procs.killpg_pinned(self.pgid or 0, 0):
             return True
-        if self.mode != "pgroup" and _has_children():
+        if self.mode != "pgroup" and _has_children(self.spare):
             # As a subreaper, every descendant of the call is a child of the worker or below one.
             return True
         if self.cgroup is not None and procs.cgroup_pids(self.cgroup):
@@ -220,13 +234,27 @@ class CallProcesses:
         return any(p.zombie and p.ppid == self.worker_pid for p in found)
 
 
-def _has_children() -> bool:
-    """Whether this process has any child at all (running or exited), without reaping one."""
+def _has_children(spare: int | None = None) -> bool:
+    """Whether this process has any child at all (running or exited) but ``spare``, without
+    reaping one. Can only err on the side of "maybe"."""
     try:
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return False
-    return True
+    if spare is None:
+        return True
+    # A child other than the spare: each thread's children, as /proc lists them (a few small
+    # reads, where a full scan reads every process's stat line). Complete here: only this
+    # thread reaps (so no entry leaves the list mid-read), and every live descendant has an
+    # ancestor, alive or a zombie not yet reaped, in the list.
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                if any(int(pid) != spare for pid in f.read().split()):
+                    return True
+    except (OSError, ValueError):
+        return True  # no children files (an older kernel): maybe
+    return False
 
 
 async def _wait_all_exit(members: list[ProcInfo], timeout: float) -> None:

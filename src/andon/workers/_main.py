@@ -61,7 +61,13 @@ from andon.protocol import (
     recv_message,
     send_message,
 )
-from andon.workers._calls import CallContext, internal_error_result, kill_everything, run_call
+from andon.workers._calls import (
+    CallContext,
+    internal_error_result,
+    kill_everything,
+    retire_spare,
+    run_call,
+)
 from andon.workers._containment import (
     CgroupTree,
     cgroup2_root,
@@ -69,6 +75,7 @@ from andon.workers._containment import (
     set_child_subreaper,
     set_parent_death_signal,
 )
+from andon.workers._pycall import Spare
 from andon.workers._reaper import Reaper
 from andon.workers._registry import ToolRegistry
 
@@ -219,6 +226,10 @@ class Worker:
         self._sock: zmq.asyncio.Socket | None = None
         self._call_task: asyncio.Task[None] | None = None
         self._tasks: asyncio.TaskGroup | None = None  # serve()'s, once it runs
+        # A call process forked ahead while idle, for the next Python call (docs/workers.md,
+        # Spare call processes); None while a call has it, or when none is wanted.
+        self._spare: Spare | None = None
+        self._wants_spare = any(t.kind == "python" for t in options.registry)
 
     async def serve(self) -> None:
         global _ACTIVE
@@ -256,6 +267,7 @@ class Worker:
                 pass
         finally:
             self._tasks = None  # a signal from here on finds nothing left to drain
+            await self._let_go_of_spare()
             if watch_fd is not None:
                 loop.remove_reader(watch_fd)
                 os.close(watch_fd)
@@ -428,6 +440,7 @@ class Worker:
                 case Welcome():
                     self.heartbeat_interval = msg.heartbeat_interval or None
                     self._welcomed.set()
+                    self._refill()
                 case Refused() | Shutdown():
                     await self._shutdown()
                     raise _Stop
@@ -450,7 +463,9 @@ class Worker:
                         cgroups=self.cgroups,
                         worker_cgroup=self.worker_cgroup,
                         send=self.send,
+                        spare=self._spare,
                     )
+                    self._spare = None  # the call's now: used by a Python call, else given back
                     self._call_task = tg.create_task(self._run(self.current))
                 case Cancel():
                     call = self.current
@@ -482,9 +497,48 @@ class Worker:
             result = internal_error_result(call, e)
         finally:
             self.current = None
+            self._spare, call.spare = call.spare, None  # not a Python call: still unused
         self._last_result = call.run.call_id
         self._result_acked.clear()
         await self.send(result)
+        self._refill()
+
+    def _refill(self) -> None:
+        """Fork the next call's process ahead, now that the worker is idle: after the welcome,
+        and after each result has gone out (so the fork never delays a result, and never runs
+        beside a call, whose own pages it would make the worker copy). Not when draining or
+        stopping, and not when no Python tool is registered. A fork that fails costs nothing
+        but the head start: the next call forks its own."""
+        if (
+            self._spare is not None
+            or self.current is not None
+            or not self._wants_spare
+            or self._draining
+            or self._tasks is None
+        ):
+            return
+        try:
+            spare = Spare.fork(self.options.registry)
+        except OSError:
+            return
+        self.reaper.watch(spare.pid)  # pinned from here on: its pid and group stay its own
+        self._spare = spare
+
+    async def _let_go_of_spare(self) -> None:
+        """End the unused spare before the worker goes (nothing of it may outlive the worker;
+        the worker's cgroup can be removed only once it has left)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        if not self.reaper.holds(spare.pid):
+            retire_spare(spare, self.reaper)  # it has exited already, and been reaped
+            return
+        spare.close()
+        procs.killpg_pinned(spare.pid, _signal.SIGKILL)
+        # Bounded: after SIGKILL only an uninterruptible sleep can delay the exit.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.reaper.wait(spare.pid), 5.0)
+        self.reaper.forget(spare.pid)
 
     async def _shutdown(self) -> None:
         call, task = self.current, self._call_task

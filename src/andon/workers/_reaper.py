@@ -54,6 +54,14 @@ class Reaper:
             self._waiters[pid] = asyncio.get_running_loop().create_future()
         self.reap()  # it may already have exited before we looked
 
+    def forget(self, pid: int) -> None:
+        """Stop keeping ``pid``'s status (a spare call process given up on): if it is still
+        running, its exit is reaped like a stray's."""
+        fut = self._waiters.pop(pid, None)
+        if fut is not None:
+            fut.cancel()
+        self._statuses.pop(pid, None)
+
     def holds(self, pid: int) -> bool:
         """Whether ``pid`` is a watched child not yet reaped. Until it is reaped its pid, and a
         process group it leads, cannot be reused: only then may a bare number be signalled."""
