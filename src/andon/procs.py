@@ -157,7 +157,10 @@ def pid_namespace() -> int | None:
 
 def stat(pid: int) -> ProcInfo | None:
     """The process's current stat line, or None if it is gone."""
-    fields = _stat_fields(pid)
+    return _info(pid, _stat_fields(pid))
+
+
+def _info(pid: int, fields: list[bytes] | None) -> ProcInfo | None:
     if fields is None:
         return None
     try:
@@ -308,28 +311,33 @@ def subtree(root: int) -> list[ProcInfo] | None:
         return None
     found: list[ProcInfo] = []
     seen = {root}
-    stack = [root]
+    stack: list[tuple[int, bool]] = [(root, False)]
     while stack:
-        parent = stack.pop()
-        for pid in _children_of(parent):
+        parent, single = stack.pop()
+        for pid in _children_of(parent, single):
             if pid in seen:
                 continue
-            info = stat(pid)
-            if info is None or info.ppid != parent:
+            fields = _stat_fields(pid)
+            info = _info(pid, fields)
+            if fields is None or info is None or info.ppid != parent:
                 continue  # gone, or a reused pid that is someone else's now
             seen.add(pid)
             found.append(info)
-            stack.append(pid)
+            stack.append((pid, fields[17] == b"1"))  # num_threads: one thread, one list
     return found
 
 
-def _children_of(pid: int) -> list[int]:
+def _children_of(pid: int, single: bool = False) -> list[int]:
     """The pids the kernel lists as children of any thread of ``pid`` (a subreaper's adopted
-    orphans may hang under any of its threads)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
+    orphans may hang under any of its threads); ``single``: it has one thread (most tools), whose
+    list is the only one, so the thread folder need not be read."""
+    if single:
+        tids = [str(pid)]
+    else:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return []
     out: list[int] = []
     for tid in tids:
         try:

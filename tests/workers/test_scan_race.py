@@ -1,10 +1,11 @@
 """A sweep's /proc scan that races a fork-and-exit does not call the call's processes gone.
 
-A scan lists /proc, then reads each entry. A member alive at the listing that forks and exits
-before its entry is read (``setsid``'s parent half does exactly this) reads as a zombie, and the
-child it made is in no listing. Seen once in a full CI run: a Python tool's ``setsid sleep 300``
-outlived its cancelled call. Here a small subreaper plays the worker, and the scan is hooked to
-make that moment happen every time, between the listing and the read of the member's entry.
+A scan lists /proc (or, walking the worker's subtree, the children lists), then reads each
+entry. A member alive at the listing that forks and exits before its entry is read (``setsid``'s
+parent half does exactly this) reads as a zombie, and the child it made is in no listing. Seen
+once in a full CI run: a Python tool's ``setsid sleep 300`` outlived its cancelled call. Here a
+small subreaper plays the worker, and the scan is hooked to make that moment happen every time,
+between the listing and the read of the member's entry.
 """
 
 from __future__ import annotations
@@ -38,18 +39,18 @@ _SCRIPT = textwrap.dedent(
     os.close(go_r)
     os.close(hold_r)
 
-    real_stat = procs.stat
+    real_fields = procs._stat_fields  # what every read of an entry goes through
     fired = False
 
-    def stat(pid):
+    def fields(pid):
         global fired
         if pid == member and not fired:
             fired = True  # the listing is done: fork and exit now, before this entry is read
             os.write(go_w, b"x")
             os.waitid(os.P_PID, member, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped
-        return real_stat(pid)
+        return real_fields(pid)
 
-    procs.stat = stat
+    procs._stat_fields = fields
 
     async def main():
         reaper = Reaper()

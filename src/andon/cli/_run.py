@@ -134,6 +134,11 @@ class RunJob:
 
 def run_job(job: RunJob) -> int:
     """Run ``job`` on a fresh event loop and return the exit code."""
+    from andon.fleet import ForkserverLauncher
+
+    # The process exits once the job is over (andon.cli._leave): the forkserver is killed then,
+    # not waited for (docs/benchmarks.md, The exit figure).
+    ForkserverLauncher.leaving()
     # The loop hands its signals to the recording handler when it closes (HoldingLoop): from
     # here to the process's exit, a signal never acts by its default action.
     with asyncio.Runner(loop_factory=HoldingLoop) as runner:

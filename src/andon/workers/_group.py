@@ -21,6 +21,7 @@ import asyncio
 import os
 import signal as _signal
 from pathlib import Path
+from typing import Final
 
 from andon import procs
 from andon.base import Containment
@@ -28,6 +29,10 @@ from andon.procs import ProcInfo
 from andon.workers._reaper import Reaper
 
 __all__ = ["CallProcesses"]
+
+SETTLE: Final = 0.02
+"""Seconds without a reap after which :meth:`CallProcesses.wait_gone` scans the members while
+the cheap test still says some may be left."""
 
 
 class CallProcesses:
@@ -207,6 +212,16 @@ class CallProcesses:
         deadline = loop.time() + max(0.0, timeout)
         while True:
             generation = self.reaper.generation
+            if self.mode != "pgroup" and self.maybe_any():
+                # Members may still be dying (a stage just went out): wait for the reaper rather
+                # than read every member while they exit, when a scan costs most (dozens of
+                # exits compete with it) and finds them half gone. Only a spell of SETTLE with
+                # nothing reaped earns a scan (a member that ignores the signal, say).
+                left = deadline - loop.time()
+                if left > 0:  # none left: the conclusive scan below, at once
+                    await self.reaper.wait_change(generation, min(left, SETTLE))
+                    if self.reaper.generation != generation:
+                        continue
             found = self.members(include_zombies=True)
             members = [m for m in found if not m.zombie]
             if not members and not self._raced(found):
