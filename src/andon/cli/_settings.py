@@ -303,7 +303,11 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
     )
     if job:
         p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--workers", metavar="N", help="tool worker processes (default 4)")
+    p.add_argument(
+        "--workers",
+        metavar="N",
+        help="tool worker processes, started as calls need them (default 4)",
+    )
     p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
     p.add_argument(
         "--tool-timeout",
