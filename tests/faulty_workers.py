@@ -10,16 +10,20 @@ it, and imports nothing but the worker layer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import signal
+from typing import Any
 
 from andon.protocol import ErrorReply, Message, Result, Started
-from andon.workers import Worker
+from andon.workers import Worker, WorkerOptions
 
 __all__ = [
     "ErrorBeforeResult",
     "ExitBeforeHello",
     "GarbageAfterStarted",
     "NoHello",
+    "SigtermBeforeTheCallProcessIsReady",
 ]
 
 
@@ -59,3 +63,22 @@ class ExitBeforeHello(Worker):
 
     async def say_hello(self) -> None:
         os._exit(1)
+
+
+class SigtermBeforeTheCallProcessIsReady(Worker):
+    """A worker that handles SIGTERM itself, as ``andon worker`` does (it drains), and whose
+    call processes (spares too) each get a SIGTERM before they have dropped its handlers: what
+    a stage does that reaches a call process before its first instruction, which on a loaded
+    machine may come milliseconds after the fork."""
+
+    def __init__(self, options: WorkerOptions, *args: Any) -> None:
+        super().__init__(dataclasses.replace(options, drain_on_term=True), *args)
+        from andon.workers import _pycall
+
+        forget = _pycall._forget_the_worker
+
+        def late() -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            forget()
+
+        _pycall._forget_the_worker = late  # in this worker only: its forks inherit it

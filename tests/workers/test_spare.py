@@ -21,9 +21,11 @@ import pytest
 
 from andon import procs
 from andon.base import AbortController, ErrorCode, GracePolicy, ManualClock, User
-from andon.fleet import WorkerPool
+from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.procs import ProcessKey
 from andon.supervisor import ToolCallRequest, ToolExecutor
+from tests.faulty_launcher import FaultyLauncher
+from tests.faulty_workers import SigtermBeforeTheCallProcessIsReady
 from tests.support import alive_after, fifo_in
 from tests.workers.pytools import spare_tools
 from tests.workers.support import MODES, bash, call_processes, running_pool, start
@@ -232,3 +234,19 @@ async def test_a_cancel_around_the_handover_is_never_lost(tool_name: str, tmp_pa
             assert call_processes(executor, f"c2-{n + 1}-2") == []
     assert ended.get("not-run", 0) > 0 and ended.get("interrupt", 0) > 0, ended
     assert behind_seen > 0
+
+
+async def test_a_stage_before_a_call_process_is_ready_acts_on_it_not_on_the_worker() -> None:
+    # Each call process (and spare) gets SIGTERM before it drops the worker's handlers. Held
+    # blocked until then, it ends the call process by its default action; delivered at once,
+    # the worker's handler in the child would catch it and tell the worker (through the wakeup
+    # pipe they share) to drain: the worker would go, and the tool run on.
+    launcher = FaultyLauncher([SigtermBeforeTheCallProcessIsReady])
+    async with WorkerPool(WorkerPoolConfig(size=1), spare_tools(), launcher=launcher) as pool:
+        worker = dict(pool.workers)
+        executor = ToolExecutor(pool, pool.registry)
+        for n in (1, 2):
+            task, _, _ = await start(executor, call(f"c1-1-{n}", "where_am_i"))
+            outcome = await asyncio.wait_for(task, 30)
+            assert outcome.exit_signal == _signal.SIGTERM, outcome.content
+        assert dict(pool.workers) == worker  # the same worker served both: it never drained

@@ -39,7 +39,7 @@ import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import msgpack
 
@@ -171,7 +171,7 @@ class Spare:
         except OSError:
             room = 4096
         try:
-            pid = os.fork()
+            pid, held = _fork()
         except BaseException:
             for fd in (to_call_r, to_call_w, from_call_r, from_call_w):
                 os.close(fd)
@@ -179,7 +179,7 @@ class Spare:
         if pid == 0:
             os.close(to_call_w)
             os.close(from_call_r)
-            _spare(registry, to_call_r, from_call_w)
+            _spare(registry, to_call_r, from_call_w, held)
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # both sides, as for a call process forked for its call
         os.close(to_call_r)
@@ -256,7 +256,7 @@ def spawn(run: Run, tool: Tool, arguments: dict[str, Any]) -> CallProcess:
     to_call_r, to_call_w = os.pipe2(os.O_CLOEXEC)
     from_call_r, from_call_w = os.pipe2(os.O_CLOEXEC)
     try:
-        pid = os.fork()
+        pid, held = _fork()
     except BaseException:
         for fd in (to_call_r, to_call_w, from_call_r, from_call_w):
             os.close(fd)
@@ -264,7 +264,7 @@ def spawn(run: Run, tool: Tool, arguments: dict[str, Any]) -> CallProcess:
     if pid == 0:
         os.close(to_call_w)
         os.close(from_call_r)
-        _child(run, tool, arguments, to_call_r, from_call_w)
+        _child(run, tool, arguments, to_call_r, from_call_w, held)
     # Both sides make the group: whichever runs first, it exists before either goes on, so a
     # stage sent the moment after the fork reaches the whole call.
     with contextlib.suppress(OSError):
@@ -291,16 +291,23 @@ class _Call:
 
 
 def _child(
-    run: Run, tool: Tool, arguments: dict[str, Any], cancel_fd: int, out_fd: int
+    run: Run,
+    tool: Tool,
+    arguments: dict[str, Any],
+    cancel_fd: int,
+    out_fd: int,
+    held: set[int | _signal.Signals],
 ) -> NoReturn:
     """The life of a call process forked for its call; it never returns into the worker's code."""
     call = _Call(
         tool, arguments, run.call_id, run.tag, run.cwd, list(run.env_remove), dict(run.env_add)
     )
-    _life(lambda: (_CancelReader(cancel_fd, blocking=False), call, procs.tag_slot()), out_fd)
+    _life(lambda: (_CancelReader(cancel_fd, blocking=False), call, procs.tag_slot()), out_fd, held)
 
 
-def _spare(registry: ToolRegistry, cancel_fd: int, out_fd: int) -> NoReturn:
+def _spare(
+    registry: ToolRegistry, cancel_fd: int, out_fd: int, held: set[int | _signal.Signals]
+) -> NoReturn:
     """The life of a spare: made ready while the worker is idle, then its call (or nothing)."""
 
     def wait_for_call() -> tuple[_CancelReader, _Call | None, int | None]:
@@ -313,11 +320,13 @@ def _spare(registry: ToolRegistry, cancel_fd: int, out_fd: int) -> NoReturn:
         call = _Call(registry.get(name), arguments, call_id, tag, cwd, env_remove, env_add)
         return reader, call, slot
 
-    _life(wait_for_call, out_fd)
+    _life(wait_for_call, out_fd, held)
 
 
 def _life(
-    get_call: Callable[[], tuple[_CancelReader, _Call | None, int | None]], out_fd: int
+    get_call: Callable[[], tuple[_CancelReader, _Call | None, int | None]],
+    out_fd: int,
+    held: set[int | _signal.Signals],
 ) -> NoReturn:
     status = _EXIT_BROKEN
     try:
@@ -326,6 +335,8 @@ def _life(
         gc.freeze()
         os.setpgid(0, 0)
         _forget_the_worker()
+        # Only now may a stage's signal act: with the worker's handlers gone, by its default.
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
         reader, call, slot = get_call()
         if call is not None:
             # Every process of a call carries its tag, this one too (and so every fork of it).
@@ -361,6 +372,29 @@ def _apply_environment(call: _Call) -> None:
         environ[name_path(name)] = name_path(value)
     environ["ANDON_CALL_ID"] = call.call_id
     environ[procs.TAG_VAR] = call.tag
+
+
+_FORK_BLOCKED: Final = frozenset({_signal.SIGCHLD, _signal.SIGTERM, _signal.SIGINT})
+"""What a call process must not receive before it has dropped the worker's handlers."""
+
+
+def _fork() -> tuple[int, set[int | _signal.Signals]]:
+    """``os.fork`` with the signals the worker handles blocked across it: the child starts with
+    them blocked and unblocks them (:func:`_life`) once it has dropped the worker's handlers and
+    wakeup fd. Without that, a stage's SIGTERM that reaches a call process before its first
+    instruction (under load a child may wait milliseconds to run) would be caught by the
+    worker's handler in the child, which writes to the wakeup pipe it shares with the worker:
+    the tool runs on, and the worker thinks it was told to drain. Returns the pid and the mask
+    to restore."""
+    held = _signal.pthread_sigmask(_signal.SIG_BLOCK, _FORK_BLOCKED)
+    try:
+        pid = os.fork()
+    except BaseException:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
+        raise
+    if pid != 0:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
+    return pid, held
 
 
 def _forget_the_worker() -> None:
