@@ -160,31 +160,18 @@ class Spare:
     @classmethod
     def fork(cls, registry: ToolRegistry) -> Spare:
         """Fork a spare from this (idle) worker; only the worker returns."""
-        to_call_r, to_call_w = os.pipe2(os.O_CLOEXEC)
-        from_call_r, from_call_w = os.pipe2(os.O_CLOEXEC)
+        pid, to_call, from_call = _fork_call_process(
+            lambda r, w, held: _spare(registry, r, w, held)
+        )
         # The pipe keeps its own size (64 KiB, or a page for a user over the system's pipe
         # limit), not a bigger one: a spare holds its pipe for as long as the worker is idle, and
         # the buffers are counted against the user's limit, which every pipe of theirs shares.
         # A call with bigger arguments gets a call process forked for it.
         try:
-            room = fcntl.fcntl(to_call_w, fcntl.F_GETPIPE_SZ)
+            room = fcntl.fcntl(to_call, fcntl.F_GETPIPE_SZ)
         except OSError:
             room = 4096
-        try:
-            pid, held = _fork()
-        except BaseException:
-            for fd in (to_call_r, to_call_w, from_call_r, from_call_w):
-                os.close(fd)
-            raise
-        if pid == 0:
-            os.close(to_call_w)
-            os.close(from_call_r)
-            _spare(registry, to_call_r, from_call_w, held)
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # both sides, as for a call process forked for its call
-        os.close(to_call_r)
-        os.close(from_call_w)
-        return cls(pid, to_call_w, from_call_r, room - _CANCEL_ROOM)
+        return cls(pid, to_call, from_call, room - _CANCEL_ROOM)
 
     def handover(self, run: Run, arguments: dict[str, Any]) -> bytes | None:
         """The frame that hands ``run`` over, or None if it cannot go through the pipe (more than
@@ -253,6 +240,19 @@ def _write_to_call(fd: int, data: bytes) -> bool:
 def spawn(run: Run, tool: Tool, arguments: dict[str, Any]) -> CallProcess:
     """Fork the call process (the caller puts the worker into the call's cgroup around this, so
     the call process is inside from its first instruction). Only the worker returns."""
+    pid, to_call, from_call = _fork_call_process(
+        lambda r, w, held: _child(run, tool, arguments, r, w, held)
+    )
+    return CallProcess(pid, to_call, from_call)
+
+
+def _fork_call_process(
+    life: Callable[[int, int, set[int | _signal.Signals]], NoReturn],
+) -> tuple[int, int, int]:
+    """Fork a call process joined to the worker by two pipes (worker -> call: a spare's call,
+    then cancels; call -> worker: the outcome). The child runs ``life(its read end, its write
+    end, the signal mask to restore)`` and never returns; the worker gets (pid, its write end,
+    its read end)."""
     to_call_r, to_call_w = os.pipe2(os.O_CLOEXEC)
     from_call_r, from_call_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -264,14 +264,14 @@ def spawn(run: Run, tool: Tool, arguments: dict[str, Any]) -> CallProcess:
     if pid == 0:
         os.close(to_call_w)
         os.close(from_call_r)
-        _child(run, tool, arguments, to_call_r, from_call_w, held)
+        life(to_call_r, from_call_w, held)
     # Both sides make the group: whichever runs first, it exists before either goes on, so a
     # stage sent the moment after the fork reaches the whole call.
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
     os.close(to_call_r)
     os.close(from_call_w)
-    return CallProcess(pid, to_call_w, from_call_r)
+    return pid, to_call_w, from_call_r
 
 
 # -- the call process ------------------------------------------------------------------------
