@@ -202,9 +202,10 @@ TAG_SLOT = "." * 160
 that :func:`stamp_tag` overwrites in a forked call process."""
 
 
-def cpu_time(pid: int) -> float:
-    """CPU seconds process ``pid`` has used, every thread of it to the nanosecond, and the
-    children it has reaped (to the clock tick). For benchmarks: 0.0 once it has gone."""
+def cpu_time(pid: int, *, reaped: bool = True) -> float:
+    """CPU seconds process ``pid`` has used, every thread of it to the nanosecond, and (unless
+    ``reaped`` is False) the children it has reaped (to the clock tick). For benchmarks: 0.0
+    once it has gone."""
     total = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -216,12 +217,14 @@ def cpu_time(pid: int) -> float:
                 total += int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile
+    if not reaped:
+        return total / 1e9
     fields = _stat_fields(pid)
     try:
-        reaped = int(fields[13]) + int(fields[14]) if fields is not None else 0  # cutime, cstime
+        ticks = int(fields[13]) + int(fields[14]) if fields is not None else 0  # cutime, cstime
     except (IndexError, ValueError):
-        reaped = 0
-    return total / 1e9 + reaped / CLK_TCK
+        ticks = 0
+    return total / 1e9 + ticks / CLK_TCK
 
 
 def tag_slot() -> int | None:
