@@ -92,9 +92,8 @@ def _prestart_forkserver(argv: list[str]) -> None:
     replaces it. Not for help, nor where workers run elsewhere (``--workers-in``,
     ``ANDON_WORKERS_IN``: an ``andon.toml`` that says so costs one unused forkserver, stopped at
     the exit). A failure here is nobody's business: the pool starts one itself."""
-    words = argv[: argv.index("--")] if "--" in argv else argv
-    commands = [w for w in words if not w.startswith("-")]
-    if not commands or commands[0] not in ("run", "resume"):
+    words = _run_words(argv)
+    if words is None:
         return
     if {"-h", "--help"} & set(words) or any(w.startswith("--workers-in") for w in words):
         return
@@ -125,13 +124,19 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
-def _json_run(argv: list[str]) -> bool:
-    """Whether ``argv`` is ``andon run --json`` or ``andon resume --json``: read by hand, as the
-    parser may not exist yet (the subcommand is the first word that is no option; nothing after
-    ``--`` counts)."""
+def _run_words(argv: list[str]) -> list[str] | None:
+    """The words of ``argv`` before any ``--`` if it is ``andon run`` or ``andon resume``, else
+    None: read by hand, as the parser may not exist yet (the subcommand is the first word that
+    is no option)."""
     words = argv[: argv.index("--")] if "--" in argv else argv
     commands = [w for w in words if not w.startswith("-")]
-    return bool(commands) and commands[0] in ("run", "resume") and "--json" in words
+    return words if commands and commands[0] in ("run", "resume") else None
+
+
+def _json_run(argv: list[str]) -> bool:
+    """Whether ``argv`` is ``andon run --json`` or ``andon resume --json``."""
+    words = _run_words(argv)
+    return words is not None and "--json" in words
 
 
 def _early_summary(code: int) -> None:
