@@ -41,6 +41,7 @@ __all__ = ["GOAL_MS", "one_call_run", "run_exit"]
 
 GOAL_MS = 10.0  # andon's p50 may exceed the baseline's by this much
 AFTER = 0.1  # survivors are counted this long after the exit
+REAP_FOR = 30.0  # the wrapper's wait for the run's orphans (the bench kills any after AFTER)
 
 # The baseline: no andon import, nothing but asyncio, a child in its own group, and SIGINT. (It
 # signals its own unreaped child's group, so the bare number is safe there.)
@@ -62,30 +63,6 @@ async def main():
     return 130
 
 sys.exit(asyncio.run(main()))
-"""
-
-
-# Both programs run under this wrapper: a child subreaper that passes SIGINT on to its child,
-# says on stderr when the child exited (CLOCK_MONOTONIC, the clock the bench reads), reaps every
-# process of the run (what a program leaves is reparented to it and reaped once the bench has
-# counted and killed it) and then says the CPU time of all it reaped.
-_WRAPPER = """
-import ctypes, json, os, resource, signal, subprocess, sys, time
-ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-name, _, value = sys.argv[1].partition("=")  # the run's tag: the child's, not the wrapper's
-child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env={**os.environ, name: value})
-signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
-code = child.wait()
-sys.stderr.write(json.dumps({"exited": time.monotonic(), "code": code}) + "\\n")
-sys.stderr.flush()
-while True:
-    try:
-        os.wait()
-    except ChildProcessError:
-        break
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-sys.stderr.write(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}) + "\\n")
 """
 
 
@@ -167,8 +144,10 @@ def _one(
     entry = f"{_floors.TAG_VAR}={tag}".encode()
     env = {**os.environ, **(env_extra or {})}
     env.pop(_floors.TAG_VAR, None)
+    # Both programs run under the same child subreaper (_floors.SUBREAPER): it passes the SIGINT
+    # on, says on stderr when the program exited, and reaps the whole run to say its CPU time.
     proc = subprocess.Popen(
-        [sys.executable, "-c", _WRAPPER, entry.decode(), *argv],
+        _floors.subreaper_argv(REAP_FOR, entry, argv),
         cwd=root,
         env=env,
         stdin=subprocess.DEVNULL,

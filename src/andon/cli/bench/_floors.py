@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 
@@ -21,11 +22,13 @@ from httpx_sse import EventSource
 from andon import procs
 
 __all__ = [
+    "SUBREAPER",
     "bare_stop",
     "bare_stop_everything",
     "fsync_once",
     "httpx_close",
     "kill_tagged",
+    "subreaper_argv",
     "wait_exit",
 ]
 
@@ -36,6 +39,43 @@ def kill_tagged(entry: bytes, timeout: float = 5.0) -> int:
     """SIGKILL every live process whose environment holds ``entry``; wait until all are gone.
     Returns how many there were."""
     return procs.signal_tagged(entry, signal.SIGKILL, wait=timeout)
+
+
+# A child subreaper that runs a program and reaps every process of its run, for the benchmarks
+# that count a whole run's CPU (startup, exit). argv: seconds to wait for the run's orphans once
+# the program has exited, the tag entry (``NAME=value``: the program's environment gets it, the
+# wrapper's own does not), the program. It passes a SIGINT on to the program; on stderr it says,
+# one JSON line each, when it started the program and when that exited (CLOCK_MONOTONIC, the
+# clock the benchmarks read) with its exit code, then, once every orphan is reaped (or the wait
+# is over), the CPU time of all it reaped. The program's stdout is the wrapper's.
+SUBREAPER = """
+import ctypes, json, os, resource, signal, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+name, _, value = sys.argv[2].partition("=")
+t0 = time.monotonic()
+child = subprocess.Popen(sys.argv[3:], stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, name: value})
+signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
+code = child.wait()
+t1 = time.monotonic()
+sys.stderr.write(json.dumps({"t0": t0, "exited": t1, "code": code}) + "\\n")
+sys.stderr.flush()
+deadline = t1 + float(sys.argv[1])
+while time.monotonic() < deadline:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        time.sleep(0.005)  # sleep-ok: polling the orphans' exits, bounded by the deadline
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+sys.stderr.write(json.dumps({"cpu": usage.ru_utime + usage.ru_stime}) + "\\n")
+"""
+
+
+def subreaper_argv(reap_for: float, entry: bytes, argv: list[str]) -> list[str]:
+    """The command that runs ``argv`` under :data:`SUBREAPER`, tagged with ``entry``."""
+    return [sys.executable, "-c", SUBREAPER, str(reap_for), entry.decode(), *argv]
 
 
 def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -50,28 +50,6 @@ CPU_GOAL = 0.5  # seconds of CPU for the whole trivial job
 FIRST_TOOL_FACTOR = 3.0  # exec -> first tool, against import andon.cli + import andon.workers
 _REAP_FOR = 10.0  # seconds the wrapper waits for the run's orphans to end
 
-# The wrapper: a child subreaper that runs argv, reaps everything under it, and says when it
-# started the program, when the program exited and the CPU time of all it reaped.
-_WRAPPER = """
-import ctypes, json, os, resource, subprocess, sys, time
-ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-t0 = time.monotonic()
-child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-code = child.wait()
-t1 = time.monotonic()
-deadline = t1 + float(sys.argv[1])
-while time.monotonic() < deadline:
-    try:
-        pid, _ = os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        break
-    if pid == 0:
-        time.sleep(0.005)  # sleep-ok: polling the orphans' exits, bounded by the deadline
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"t0": t0, "t1": t1, "code": code, "cpu": usage.ru_utime + usage.ru_stime}))
-"""
-
 
 @dataclass
 class Side:
@@ -140,22 +118,24 @@ def _wrapped(
     side: Side, argv: list[str], root: Path, env_extra: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Run ``argv`` under the wrapper; record its wall and CPU time; return what it said."""
-    tag = secrets.token_hex(8)
-    env = {**os.environ, **(env_extra or {}), _floors.TAG_VAR: tag}
+    entry = f"{_floors.TAG_VAR}={secrets.token_hex(8)}".encode()
+    env = {**os.environ, **(env_extra or {})}
+    env.pop(_floors.TAG_VAR, None)
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", _WRAPPER, str(_REAP_FOR), *argv],
+        lines = subprocess.run(
+            _floors.subreaper_argv(_REAP_FOR, entry, argv),
             cwd=root,
             env=env,
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             timeout=120,
             check=True,
-        ).stdout
+        ).stderr.splitlines()
     finally:
-        _floors.kill_tagged(f"{_floors.TAG_VAR}={tag}".encode())  # nothing outlives a run
-    said: dict[str, Any] = json.loads(out)
-    side.wall.append(said["t1"] - said["t0"])
+        _floors.kill_tagged(entry)  # nothing outlives a run
+    said: dict[str, Any] = {**json.loads(lines[0]), **json.loads(lines[1])}
+    side.wall.append(said["exited"] - said["t0"])
     side.cpu.append(said["cpu"])
     side.codes.append(said["code"])
     return said
