@@ -9,9 +9,12 @@ a small screen model to get what a person would see (docs/terminal.md holds one 
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,6 +89,19 @@ def quit_chat(child: pexpect.spawn[str]) -> str:
     return screen(printed(child))
 
 
+def expect_screen(child: pexpect.spawn[str], pattern: str) -> None:
+    """Wait until what a person sees matches ``pattern``: the prompt is redrawn as a diff of
+    the screen, so a changed status line is not one run of bytes in what the pty printed."""
+    regex = re.compile(pattern)
+    deadline = time.monotonic() + TIMEOUT
+    while not regex.search(screen(printed(child))):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"never on the screen: {pattern}\n{screen(printed(child))}")
+        with contextlib.suppress(pexpect.TIMEOUT):
+            child.read_nonblocking(65536, timeout=min(left, 1.0))  # into the capture
+
+
 def two_turns(tmp_path: Path, command: str = LONG) -> str:
     return script(
         tmp_path / "script.json",
@@ -157,8 +173,8 @@ def test_cancel_keep_keeps_the_queue(tmp_path: Path, children: list[pexpect.spaw
     child.send("/cancel keep\r")
     child.expect(r"canceled; 1 queued item\(s\) kept")
     child.expect(r"turn 1 ended \[stopped\]")
-    # The queue is visible: the prompt is drawn afresh under each printed line.
-    child.expect(r"\[idle · queued: 1 follow-up\(s\)\]")
+    # The queue is visible: the status line under the printed lines says so.
+    expect_screen(child, r"\[idle · queued: 1 follow-up\(s\)\]")
     child.send("\r")  # Enter on an empty line runs the parked work
     child.expect("running the queued work")
     child.expect("turn 2 ended: completed")
@@ -283,6 +299,24 @@ def test_the_screen_shows_the_stopping_status_while_a_stubborn_tool_drains(
     child.expect(r"turn 1 ended \[stopped\]")
     quit_chat(child)
     assert_balanced(tmp_path / "s")
+
+
+def test_a_sigint_from_outside_cancels_the_turn_like_ctrl_c(
+    tmp_path: Path, children: list[pexpect.spawn[str]]
+) -> None:
+    # A CI's timeout sends SIGINT to the process, not a key. It lands while the second prompt
+    # runs (the line that started the turn ended the first one).
+    child = spawn(tmp_path, two_turns(tmp_path))
+    children.append(child)
+    child.send("build it\r")
+    child.expect("STARTED")
+    child.kill(signal.SIGINT)
+    child.expect(r"stopping \(SIGINT\): canceling 1 tool call")
+    child.expect(r"turn 1 ended \[stopped\]: aborted \(user\)")
+    child.send("next\r")
+    child.expect("Built it.")
+    child.expect("turn 2 ended: completed")
+    quit_chat(child)
 
 
 def test_a_second_ctrl_c_kills_now(tmp_path: Path, children: list[pexpect.spawn[str]]) -> None:

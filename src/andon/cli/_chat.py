@@ -1,7 +1,8 @@
 """``andon chat``: talk to the agent while it works.
 
 The prompt (prompt_toolkit, asyncio) stays usable while a turn runs; what the agent prints goes
-above it (``patch_stdout``), and the bottom toolbar shows the live area of the terminal view (the
+above it (:mod:`andon.cli._above`: the terminal stays raw, so no key pressed while a line prints
+is lost), and the bottom toolbar shows the live area of the terminal view (the
 running tool calls with a spinner, elapsed time and output tail, the stopping status) and the queue.
 
 Keys and commands:
@@ -187,15 +188,15 @@ class _Chat:
 async def _chat(job: _Job) -> int:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.key_binding import KeyBindings
-    from prompt_toolkit.patch_stdout import patch_stdout
     from rich.console import Console
 
+    from andon.cli._above import printing_above
     from andon.cli._term import TermOutput
     from andon.supervisor import open_agent
 
     loop = asyncio.get_running_loop()
     width = shutil.get_terminal_size().columns
-    # file=None: rich writes to whatever sys.stdout is at print time (patch_stdout's proxy).
+    # file=None: rich writes to whatever sys.stdout is at print time (printing_above's proxy).
     console = Console(force_terminal=True, width=width, highlight=False)
     out = TermOutput(job.settings.grace, console=console)
     chat = _Chat(out)
@@ -239,11 +240,14 @@ async def _chat(job: _Job) -> int:
                 refresh_interval=0.1,
                 erase_when_done=True,
             )
-            with patch_stdout(raw=True):
+            with printing_above(session.app):
                 while not chat.quitting:
                     chat.app = session.app
                     try:
-                        text = await session.prompt_async(chat.prompt)
+                        # handle_sigint=False: prompt_toolkit's own SIGINT handler would turn a
+                        # SIGINT into KeyboardInterrupt here and, once the prompt returns, remove
+                        # the loop's handler for good (asyncio then drops every later SIGINT).
+                        text = await session.prompt_async(chat.prompt, handle_sigint=False)
                     except EOFError:
                         break
                     except KeyboardInterrupt:
