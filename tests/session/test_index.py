@@ -32,7 +32,7 @@ from andon.session import (
     read,
     repair,
 )
-from andon.session._index import INDEX_NAME, LogSummary, summarize
+from andon.session._index import INDEX_NAME, INDEX_VERSION, LogSummary, summarize
 from tests.session.helpers import MODEL, T0, long_log, long_turn, snapshot
 
 
@@ -180,14 +180,15 @@ def test_an_index_of_another_version_is_ignored(
 ) -> None:
     """A version this andon does not write may hold the same keys meaning something else."""
     records = summarize(indexed).records
-    _rewrite_index(indexed / INDEX_NAME, 2, {"records": records + 5})
-    _ignored(indexed, caplog, "version 2")
+    other = INDEX_VERSION + 1
+    _rewrite_index(indexed / INDEX_NAME, other, {"records": records + 5})
+    _ignored(indexed, caplog, f"version {other}")
 
 
 def test_the_same_index_of_this_version_is_used(indexed: Path) -> None:
     """The counterpart of the test above: the rewrite itself keeps a valid index valid."""
     records = summarize(indexed).records
-    _rewrite_index(indexed / INDEX_NAME, 1, {"records": records})
+    _rewrite_index(indexed / INDEX_NAME, INDEX_VERSION, {"records": records})
     assert summarize(indexed).indexed
 
 

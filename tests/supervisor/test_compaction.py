@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from andon.llm import SUMMARY_MARKER, OpenAICompatible, from_spec
-from andon.session import history, read
+from andon.session import SessionLog, history, read
 from andon.testing import MockModelServer
 from tests.supervisor.support import agent_for, assert_sound, records
 
@@ -194,4 +194,28 @@ async def test_the_newest_results_reach_the_model_whole(tmp_path: Path) -> None:
         after_big = sent(server)[6]["messages"]
     assert "b" * 8000 in json.dumps(after_big)
     assert SUMMARY in json.dumps(after_big)  # room was made by a summary, around it
+    assert_sound(tmp_path)
+
+
+@pytest.mark.timeout(240)
+async def test_a_resumed_session_sends_the_history_it_had_from_the_part_it_reads(
+    tmp_path: Path,
+) -> None:
+    # A resumed agent reads only session/start, the first message and the log from the last
+    # cut on (andon.session._history_start); what it sends must be what a full read rebuilds.
+    async with MockModelServer(
+        printing_job(30, 6000), context_window=8000, summaries=SUMMARY
+    ) as server:
+        await _run(tmp_path, server, "print thirty blocks", context_window=8000)
+    before = read(tmp_path)
+    assert any(r.type == "context/compacted" for r in before)
+    with SessionLog.open(tmp_path, durability="none", keep="history") as log:
+        assert log.loaded.cut is not None and len(log.loaded.events) < len(before)
+    async with MockModelServer([{"text": "resumed"}], context_window=64_000) as server:
+        await _run(tmp_path, server, "and now?", context_window=64_000)
+        first = sent(server)[0]["messages"]
+    # (The plain OpenAI wire carries no reasoning_content; the history keeps it for DeepSeek.)
+    rebuilt = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in history(before)]
+    assert first[1:-1] == rebuilt
+    assert first[-1] == {"role": "user", "content": "and now?"}
     assert_sound(tmp_path)

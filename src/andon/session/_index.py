@@ -30,13 +30,14 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from andon.session._check import InvariantViolation, _Checker
 from andon.session._folds import ConsumedFold, ConsumedWork, SessionState, StateFold
+from andon.session._history_start import HistoryStart
 from andon.session._reader import LOG_NAME, RecordStream, TornTail
 from andon.session._records import Record, TurnEnd, TurnStart, encode_line
 from andon.session._tail import Tail
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 INDEX_NAME: Final = "events.index"
-INDEX_VERSION: Final = 1
+INDEX_VERSION: Final = 2
 """Bumped whenever what the index holds changes shape: an index of another version is ignored."""
 INDEX_MIN_BYTES: Final = 1 << 20
 """A read that had to parse at least this many bytes of log leaves an index (about 6,000
@@ -73,10 +74,20 @@ class Scan:
     ``tail`` is what repair closes; ``checker`` what ``check`` reports; ``state`` and
     ``consumed`` what ``fold_state`` and ``fold_consumed_work`` return; ``records`` how many
     records there are; ``first`` the first record; ``overflowed`` whether the last turn ended
-    because a request did not fit the model's window.
+    because a request did not fit the model's window; ``history`` where the model-visible
+    history starts (what a resumed agent reads).
     """
 
-    __slots__ = ("checker", "consumed", "first", "overflowed", "records", "state", "tail")
+    __slots__ = (
+        "checker",
+        "consumed",
+        "first",
+        "history",
+        "overflowed",
+        "records",
+        "state",
+        "tail",
+    )
 
     def __init__(self) -> None:
         self.tail = Tail()
@@ -86,12 +97,15 @@ class Scan:
         self.records = 0
         self.first: Record | None = None
         self.overflowed = False
+        self.history = HistoryStart()
 
-    def feed(self, record: Record) -> None:
+    def feed(self, record: Record, offset: int, line: int) -> None:
+        """One record, whose line starts at byte ``offset`` of the log after ``line`` lines."""
         self.tail.feed(record)
         self.checker.feed(record)
         self.state.feed(record)
         self.consumed.feed(record)
+        self.history.feed(record, offset, line)
         if self.first is None:
             self.first = record
         self.records += 1
@@ -114,6 +128,7 @@ class Scan:
             "records": self.records,
             "first": None if self.first is None else self.first.to_dict(),
             "overflowed": self.overflowed,
+            "history": self.history.to_json(),
         }
 
     @classmethod
@@ -128,6 +143,7 @@ class Scan:
             raise TypeError("records or overflowed has the wrong type")
         scan.records, scan.overflowed = records, overflowed
         scan.first = None if first is None else Record.from_dict(first)
+        scan.history = HistoryStart.from_json(obj["history"])
         return scan
 
 
@@ -170,17 +186,27 @@ class Reading:
         self._extra_lines = 0
 
     def run(self) -> None:
-        for record in self.stream:
-            self.scan.feed(record)
+        for _ in self.records():
+            pass
+
+    def records(self) -> Iterator[Record]:
+        """The records after the index (all of them without one), each fed to :attr:`scan`."""
+        stream = self.stream
+        offset, line = stream.end_offset, stream.lines
+        for record in stream:
+            self.scan.feed(record, offset, line)
+            yield record
+            offset, line = stream.end_offset, stream.lines
 
     def extend(self, records: Iterable[Record]) -> None:
         """Records the reader appended after the stream's end (whole lines, in order)."""
         for record in records:
             line = encode_line(record)
+            offset = self.stream.end_offset + self._extra
+            self.scan.feed(record, offset, self.stream.lines + self._extra_lines)
             self._digest.update(line)
             self._extra += len(line)
             self._extra_lines += 1
-            self.scan.feed(record)
 
     @property
     def parsed(self) -> int:

@@ -29,10 +29,11 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import final
+from typing import Literal, final
 
 from andon.base import Clock, SessionError, SystemClock, naming_file
 from andon.session._create import is_temporary
+from andon.session._folds import SessionState
 from andon.session._index import Reading
 from andon.session._leftovers import Leftover, kill_leftovers, plan_for
 from andon.session._lock import SessionLock
@@ -96,14 +97,19 @@ class RepairReport:
 class LoadedSession:
     """A cold session, repaired if it needed it.
 
-    ``events`` are all records, the appended ones included; ``repaired`` says whether anything was
-    done; ``closers`` are the closing records repair appended (before its ``session/repaired``).
+    ``events`` are all records, the appended ones included (or, opened with ``keep="history"``,
+    those a resumed agent needs: ``andon.session._history_start``); ``repaired`` says whether
+    anything was done; ``closers`` are the closing records repair appended (before its
+    ``session/repaired``); ``state`` is ``fold_state`` of the whole log, closers included;
+    ``cut`` is the ``seq`` the history part starts from (None: ``events`` are every record).
     """
 
     events: list[Record]
     repaired: bool
     closers: tuple[Record, ...]
     report: RepairReport
+    state: SessionState
+    cut: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +128,8 @@ class _Outcome:
     report: RepairReport
     read_end: ReadEnd
     """Where the records read end (before anything repair appended)."""
+    state: SessionState
+    cut: int | None
 
 
 def _torn_target(log: Path, torn: TornTail, data: bytes) -> tuple[Path, bool]:
@@ -213,20 +221,35 @@ def _save_torn_tail(log: Path, torn: TornTail) -> str:
     return target.name
 
 
-def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: bool) -> _Outcome:
+Keep = Literal["none", "all", "history"]
+"""What :func:`repair_locked` returns of the records: none, all of them, or those a resumed
+agent needs (``session/start``, the first user message and everything from the last
+compaction's cut on: ``andon.session._history_start``)."""
+
+
+def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep: Keep) -> _Outcome:
     """Read and (unless ``dry_run``) repair a session whose lock the caller holds."""
     log = log_path(folder)
     # The index spares folding (and, unless every record is wanted, reading) what it covers
     # (docs/log-format.md, The index of a long log). A long read leaves one for the next.
     reading = Reading(folder, label=str(folder))
     tail = reading.scan.tail
+    history = reading.scan.history
     events: list[Record] = []
-    if keep_events and reading.from_offset:
+    if keep == "all" and reading.from_offset:
         events.extend(_covered(reading))
-    for record in reading.stream:
-        reading.scan.feed(record)
-        if keep_events:
+    cut = history.cut
+    for record in reading.records():
+        if keep == "all":
             events.append(record)
+        elif keep == "history":
+            if history.cut is not cut:  # a compaction moved the start: drop what it replaced
+                cut = history.cut
+                events = [r for r in events if history.keeps(r)]
+            events.append(record)
+    if keep == "history":
+        streamed = {r.seq for r in events}
+        events = [r for r in _history_head(reading) if r.seq not in streamed] + events
     torn = reading.stream.torn
     read_end = ReadEnd(tail.next_seq, reading.stream.end_offset, reading.stream.lines)
 
@@ -239,7 +262,7 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
         report = RepairReport(dry_run, None, None, (), None, (), 0)
         if not dry_run:
             reading.save()
-        return _Outcome(events, tail, report, read_end)
+        return _outcome(reading, keep, events, report, read_end)
 
     if dry_run:
         torn_file = None if torn is None else f"{log.name}.torn-{torn.offset}"
@@ -271,10 +294,10 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep_events: boo
     else:
         reading.extend(appended)  # feeds the tail too
         reading.save()
-    if keep_events:
+    if keep != "none":
         events.extend(appended)
     report = RepairReport(dry_run, torn, torn_file, tuple(closers), summary, plan.processes, killed)
-    return _Outcome(events, tail, report, read_end)
+    return _outcome(reading, keep, events, report, read_end)
 
 
 def _covered(reading: Reading) -> list[Record]:
@@ -288,6 +311,44 @@ def _covered(reading: Reading) -> list[Record]:
                 break
     if head.end_offset != reading.from_offset:  # cannot be: the bytes hashed the same
         raise SessionError(f"{reading.log} changed while it was read", session=str(reading.folder))
+    return out
+
+
+def _outcome(
+    reading: Reading, keep: Keep, events: list[Record], report: RepairReport, read_end: ReadEnd
+) -> _Outcome:
+    cut = reading.scan.history.cut if keep == "history" else None
+    return _Outcome(
+        events,
+        reading.scan.tail,
+        report,
+        read_end,
+        reading.scan.state.result(),
+        None if cut is None else cut.seq,
+    )
+
+
+def _history_head(reading: Reading) -> list[Record]:
+    """The records a resumed agent needs from before where the stream started (the index's
+    offset): ``session/start``, the first user message, and the log from the cut to that
+    offset; the ones the stream itself read are not repeated."""
+    history = reading.scan.history
+    cut = history.cut
+    start, line = (cut.offset, cut.line) if cut is not None else (0, 0)
+    before = [r for r in (reading.scan.first, history.first_user) if r is not None]
+    out = [r for r in before if cut is not None and r.seq < cut.seq]
+    if start < reading.from_offset:
+        with RecordStream(
+            reading.log, label=str(reading.folder), start=start, start_line=line
+        ) as head:
+            for record in head:
+                out.append(record)
+                if head.end_offset >= reading.from_offset:
+                    break
+        if head.end_offset != reading.from_offset:  # cannot be: the bytes hashed the same
+            raise SessionError(
+                f"{reading.log} changed while it was read", session=str(reading.folder)
+            )
     return out
 
 
@@ -309,13 +370,11 @@ def load(session_dir: str | os.PathLike[str], *, clock: Clock | None = None) -> 
     folder, lock = _locked(session_dir)
     try:
         repair_children(folder, clock=clock)
-        outcome = repair_locked(
-            folder, clock=clock or SystemClock(), dry_run=False, keep_events=True
-        )
+        outcome = repair_locked(folder, clock=clock or SystemClock(), dry_run=False, keep="all")
     finally:
         lock.release()
     report = outcome.report
-    return LoadedSession(outcome.events, report.repaired, report.closers, report)
+    return LoadedSession(outcome.events, report.repaired, report.closers, report, outcome.state)
 
 
 def repair_children(folder: Path, *, clock: Clock | None = None) -> None:
@@ -335,9 +394,7 @@ def repair_children(folder: Path, *, clock: Clock | None = None) -> None:
             folder, lock = _locked(child)
             try:
                 repair_children(folder, clock=clock)
-                repair_locked(
-                    folder, clock=clock or SystemClock(), dry_run=False, keep_events=False
-                )
+                repair_locked(folder, clock=clock or SystemClock(), dry_run=False, keep="none")
             finally:
                 lock.release()
 
@@ -353,9 +410,7 @@ def repair(
     """
     folder, lock = _locked(session_dir)
     try:
-        outcome = repair_locked(
-            folder, clock=clock or SystemClock(), dry_run=dry_run, keep_events=False
-        )
+        outcome = repair_locked(folder, clock=clock or SystemClock(), dry_run=dry_run, keep="none")
     finally:
         lock.release()
     return outcome.report

@@ -49,10 +49,12 @@ from andon.base import (
     naming_file,
 )
 from andon.session._create import make_temporary, publish, remove_temporary
+from andon.session._folds import StateFold
 from andon.session._lock import SessionLock
 from andon.session._reader import LOG_NAME, RecordStream, iter_records, log_path
 from andon.session._records import EventData, Record, SessionStart, Unrecognized, encode_line
 from andon.session._repair import (
+    Keep,
     LoadedSession,
     ReadEnd,
     RepairReport,
@@ -264,12 +266,15 @@ class SessionLog:
         write: WriteFn = os.write,
         fsync: FsyncFn = os.fsync,
         probe: ProbeFn | None = None,
+        keep: Keep = "all",
     ) -> SessionLog:
         """Take the session lock and open the log for appending (creating folder and log).
 
         The folder is created 0700 and the log 0600. An existing log is loaded, and repaired if
         its last process died, under this same lock (nobody can slip in between); what was there
-        is in :attr:`loaded`. Raises ``SessionLive`` if another process holds the lock, and
+        is in :attr:`loaded` (every record, or with ``keep="history"`` only those a resumed
+        agent needs, which a long log that compacts reads in time set by its compaction
+        period). Raises ``SessionLive`` if another process holds the lock, and
         ``LogCorrupted`` / ``LogFormatUnsupported`` for a log that cannot be continued.
 
         A folder that does not exist yet is built under a hidden temporary name and appears under
@@ -294,15 +299,22 @@ class SessionLog:
             path = (unpublished or folder) / LOG_NAME
             if path.exists() and path.stat().st_size > 0:
                 repair_children(folder, clock=clock)  # subagents' logs close first
-                outcome = repair_locked(folder, clock=clock, dry_run=False, keep_events=True)
+                outcome = repair_locked(folder, clock=clock, dry_run=False, keep=keep)
                 tail, report = outcome.tail, outcome.report
-                loaded = LoadedSession(outcome.events, report.repaired, report.closers, report)
+                loaded = LoadedSession(
+                    outcome.events,
+                    report.repaired,
+                    report.closers,
+                    report,
+                    outcome.state,
+                    outcome.cut,
+                )
                 read_end = outcome.read_end
             else:
                 read_end = ReadEnd(0, 0, 0)
                 tail = Tail()
                 empty = RepairReport(False, None, None, (), None, (), 0)
-                loaded = LoadedSession([], False, (), empty)
+                loaded = LoadedSession([], False, (), empty, StateFold().result())
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:

@@ -157,6 +157,7 @@ class Agent:
         next_turn: Sequence[UserMessage] = (),
         next_step: Sequence[UserMessage] = (),
         context_window: int | None = None,
+        from_cut: bool = False,
     ) -> None:
         check_context_window(context_window)
         if sum(isinstance(h, OnRequestError) for h in hooks) > 1:
@@ -203,6 +204,7 @@ class Agent:
             system=lambda: self._system_prompt,
             write=self._write,
             on_usage=self._add_usage,
+            from_cut=from_cut,
         )
         self.turns_run = 0
         self.tool_calls = 0

@@ -139,8 +139,12 @@ class ContextKeeper:
         system: Callable[[], str],
         write: Callable[[EventData], Record],
         on_usage: Callable[[dict[str, Any] | None], None],
+        from_cut: bool = False,
     ) -> None:
         self.window = window
+        # The records start at the last compaction's cut (a resumed session reads no more): the
+        # request of a reply logged before that compaction cannot be rebuilt from them.
+        self._from_cut = from_cut
         self.estimator = estimator
         self._model = model
         self._records = records
@@ -158,7 +162,12 @@ class ContextKeeper:
         records = self._records()
         system = {"role": "system", "content": self._system()}
         found = 0
+        exact_after = -1
+        if self._from_cut:
+            exact_after = next((r.seq for r in records if isinstance(r.data, ContextCompacted)), -1)
         for index in range(len(records) - 1, -1, -1):
+            if records[index].seq < exact_after:
+                break
             data = records[index].data
             if not isinstance(data, AssistantMessage) or not data.usage:
                 continue

@@ -31,7 +31,6 @@ from andon.session import (
     SessionLog,
     SessionResumed,
     SessionStart,
-    fold_state,
 )
 from andon.supervisor._agent import Agent, check_context_window, check_max_parallel
 from andon.supervisor._executor import ToolExecutor
@@ -137,14 +136,16 @@ async def open_agent(
     added = project_instructions.record if project_instructions is not None else None
     if project_instructions is not None:
         prompt = project_instructions.add_to(prompt)
-    log = SessionLog.open(session_dir, durability=durability, clock=clock)  # type: ignore[arg-type]
+    # Only the records the history needs are read: a long session that compacts resumes in time
+    # set by its compaction period, not its length (andon.session._history_start).
+    log = SessionLog.open(session_dir, durability=durability, clock=clock, keep="history")  # type: ignore[arg-type]
     try:
         loaded = log.loaded.events
         info = model.info
         record_model = ModelInfo(info.spec, info.provider, info.name)
         if loaded:
             _check_logged_session_id(loaded)
-            state = fold_state(loaded)
+            state = log.loaded.state
             first = log.append(
                 SessionResumed(
                     os.getpid(),
@@ -205,6 +206,7 @@ async def open_agent(
                 executor=executor,
                 registry=registry,
                 records=[*loaded, first],
+                from_cut=log.loaded.cut is not None,
                 system_prompt=prompt,
                 cwd=workdir,
                 tasks=tasks,

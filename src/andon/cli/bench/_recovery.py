@@ -12,9 +12,13 @@ that was running), it measures in a fresh process:
 * with and without the index of a long log (docs/log-format.md, The index of a long log), each on
   a fresh copy of the crashed log: what ``andon check`` reads (``summarize``), ``andon repair``
   (``repair``), and ``andon resume`` before its first model request (read and check the log, the
-  dry-run repair that decides whether it can go on, then the open: repair under the lock and
-  every record read for the agent's history), each with wall time, CPU time and peak memory.
-  "no index" starts without the file; "index" with a valid one that an earlier check left.
+  dry-run repair that decides whether it can go on, then the open: repair under the lock, the
+  records the agent's history needs read, and that history built), each with wall time, CPU
+  time and peak memory. "no index" starts without the file; "index" with a valid one that an
+  earlier check left.
+
+The logs compact as a real long session must (every :data:`COMPACT_EVERY` turns), so a resumed
+agent reads the log from the last compaction's cut on; the full loads read every record.
 
 Then append throughput per durability mode (``none``, ``barrier`` with a barrier at each turn end
 and before each tool dispatch, as the agent does, and ``every-record``).
@@ -44,6 +48,7 @@ from andon.session import (
     AssistantMessage,
     AssistantReply,
     Completed,
+    ContextCompacted,
     EventData,
     ExitStatus,
     InboxSpliced,
@@ -78,6 +83,11 @@ from andon.session import (
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 MODEL = ModelInfo("deepseek-v4-flash", "deepseek", "deepseek-v4-flash")
 OUTPUT = "".join(f"cc -O2 -Wall -c src/mod{i:02d}.c -o build/mod{i:02d}.o\n" for i in range(6))
+
+
+COMPACT_EVERY = 64
+"""A long session compacts as a real one must: about every 64 of these turns (some 1,400 records,
+100k tokens of history) for a 128k-token window."""
 
 
 def _turn(n: int) -> list[EventData]:
@@ -116,15 +126,28 @@ def _turn(n: int) -> list[EventData]:
     ]
 
 
-def _events(count: int) -> list[EventData]:
-    """About ``count`` events: turns, then a crash in the middle of a tool call."""
+def _events(count: int, *, compact: bool = True) -> list[EventData]:
+    """About ``count`` events: turns (every :data:`COMPACT_EVERY`-th compacting, keeping from the
+    turn before's second step, as the agent would), then a crash in the middle of a tool call."""
     out: list[EventData] = [
         SessionStart(1, "s-000000bench", "0.1.0", 1.0, "/tmp", MODEL, "prompt", 1, "bench-host")
     ]
     n = 0
+    kept_from = -1  # the seq of the last turn's second step/start
     while len(out) < count - 12:
         n += 1
-        out.extend(_turn(n))
+        turn = _turn(n)
+        if compact and n % COMPACT_EVERY == 0:
+            summary = f"Turns 1 to {n - 1}: the build was fixed and the tests pass. " * 8
+            window = 131_072
+            compacted = ContextCompacted(
+                kept_from, summary, 250, 100_000, 9_000, window, MODEL.name, None, n, 1
+            )
+            turn.insert(5, compacted)  # after the step's user message, before its request
+        kept_from = len(out) + next(
+            i for i, d in enumerate(turn) if isinstance(d, StepStart) and d.step == 2
+        )
+        out.extend(turn)
     out.extend(_turn(n + 1)[:12])  # crashed: tool/call and tool/started, no result
     return out
 
@@ -158,10 +181,10 @@ def _resume(folder: Path) -> bool:
 
     existing = read_existing(folder)
     refuse_invalid(existing)
-    with SessionLog.open(folder, durability="none") as log:
-        loaded = log.loaded.events
-        fold_state(loaded)
-        kept = [r for r in loaded if r.type != "assistant/chunk"]  # what the agent holds
+    # As andon.open_agent opens it: only the records the history needs are read.
+    with SessionLog.open(folder, durability="none", keep="history") as log:
+        kept = [r for r in log.loaded.events if r.type != "assistant/chunk"]  # the agent's
+        history(kept)  # the first request's messages
         del kept
     return existing.summary.indexed
 
@@ -289,7 +312,7 @@ def _throughput(tmp: Path) -> list[dict[str, Any]]:
     rows = []
     for mode, turns in (("none", 2000), ("barrier", 2000), ("every-record", 200)):
         folder = tmp / f"append-{mode}"
-        events = _events(turns * 21)
+        events = _events(turns * 21, compact=False)
 
         async def run(
             events: list[EventData] = events, folder: Path = folder, mode: Any = mode
