@@ -55,6 +55,7 @@ class Settings:
     prices: Mapping[str, Price] = field(default_factory=dict)  # andon.toml only: model -> price
     containers: ContainerSettings = field(default_factory=ContainerSettings)  # andon.toml only
     project_instructions: bool = True  # AGENTS.md from the git root down to the cwd
+    tools: tuple[str, ...] = ()  # MODULE:NAME of Python tools offered beside the built-in ones
 
 
 def _positive_float(name: str) -> Callable[[str], float]:
@@ -157,6 +158,15 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
+def _tool_specs(text: str) -> tuple[str, ...]:
+    specs = _names(text)
+    for spec in specs:
+        module, sep, name = spec.partition(":")
+        if not sep or not module or not name:
+            raise ConfigError(f"tools takes MODULE:NAME (a module of Python tools), not {spec!r}")
+    return specs
+
+
 _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "model": str.strip,
     "cwd": str,
@@ -173,6 +183,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "project_instructions": _switch("project-instructions"),
     "workers_in": workers_in,
     "progress_interval": _interval("progress-interval"),
+    "tools": _tool_specs,
 }
 
 ENV_VARS: Final = {name: f"ANDON_{name.upper()}" for name in _PARSERS}
@@ -276,6 +287,8 @@ def resolve(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -
             continue
         if name == "pass_env":
             values[name] = tuple(n for item in value for n in _names(item))
+        elif name == "tools":
+            values[name] = tuple(n for item in value for n in _tool_specs(item))
         elif isinstance(value, str):
             values[name] = _PARSERS[name](value)
         else:
@@ -309,6 +322,13 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         help="tool worker processes, started as calls need them (default 4)",
     )
     p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
+    p.add_argument(
+        "--tools",
+        action="append",
+        metavar="MODULE:NAME",
+        help="Python tools to offer beside the built-in ones: a ToolRegistry, a list of tools or "
+        "one tool in an importable module (the current directory first); repeatable",
+    )
     p.add_argument(
         "--tool-timeout",
         metavar="S",

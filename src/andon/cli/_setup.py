@@ -21,6 +21,7 @@ from andon.session import LogSummary, SessionStart, SessionState, summarize
 
 if TYPE_CHECKING:
     from andon.supervisor import FoundInstructions
+    from andon.workers import ToolRegistry
 
 __all__ = [
     "DISCOVERY_TIMEOUT",
@@ -174,6 +175,30 @@ async def context_window_for(settings: Settings, model: Model) -> int | None:
     return found
 
 
+def tool_registry(specs: tuple[str, ...]) -> ToolRegistry | None:
+    """andon's built-in tools and the Python tools ``--tools`` names (None when it names none:
+    the built-in ones). A clash of names is a user mistake, one line."""
+    if not specs:
+        return None
+    from andon.workers import default, load_tools
+
+    # Like ``python -m``: a module in the current directory is found first. Local workers start
+    # with this process's sys.path, so they import it the same way.
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    registry = default()
+    for spec in specs:
+        for found in load_tools(spec, supervisor_tools=True):
+            if found.name in registry:
+                raise ConfigError(
+                    f"--tools {spec!r}: a tool named {found.name!r} is already offered "
+                    "(a built-in tool, or one of an earlier --tools)"
+                )
+            registry.add(found)
+    return registry
+
+
 def agent_options(
     settings: Settings,
     *,
@@ -204,4 +229,5 @@ def agent_options(
         "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
         "project_instructions": instructions,
         "context_window": context_window,
+        "tools": tool_registry(settings.tools),
     }

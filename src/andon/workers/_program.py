@@ -107,12 +107,19 @@ def run_worker_program(program: WorkerProgram) -> int:
     return 0
 
 
-def load_tools(spec: str) -> ToolRegistry:
+def load_tools(spec: str, *, supervisor_tools: bool = False) -> ToolRegistry:
     """The tools a program worker offers: ``default`` (andon's built-in tools), or
-    ``MODULE:NAME`` naming a :class:`ToolRegistry`, an iterable of tools, or a function returning
-    either. Supervisor tools (a subagent) are left out: they never run in a worker."""
+    ``MODULE:NAME`` naming a :class:`ToolRegistry`, an iterable of tools, a single tool, or a
+    function returning one of those. Supervisor tools (a subagent) are left out, as they never
+    run in a worker, unless ``supervisor_tools`` (the supervisor's own registry: ``andon run
+    --tools``)."""
+    registry = _load(spec)
+    return registry if supervisor_tools else registry.for_workers()
+
+
+def _load(spec: str) -> ToolRegistry:
     if spec == "default":
-        return default().for_workers()
+        return default()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--tools must be 'default' or MODULE:NAME, not {spec!r}")
@@ -120,6 +127,10 @@ def load_tools(spec: str) -> ToolRegistry:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"--tools {spec!r}: cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # the user's module failed as it ran: say how, no traceback
+        raise ConfigError(
+            f"--tools {spec!r}: importing {module_name!r} failed: {type(e).__name__}: {e}"
+        ) from None
     try:
         value: Any = getattr(module, attr)
     except AttributeError:
@@ -131,10 +142,21 @@ def load_tools(spec: str) -> ToolRegistry:
             raise ConfigError(
                 f"--tools {spec!r} is a function that cannot be called with no arguments: {e}"
             ) from None
+        except Exception as e:
+            raise ConfigError(f"--tools {spec!r} failed: {type(e).__name__}: {e}") from None
     if isinstance(value, ToolRegistry):
-        return value.for_workers()
-    if isinstance(value, Iterable):
-        return ToolRegistry(value).for_workers()
+        return value
+    if isinstance(value, Tool):
+        return ToolRegistry([value])
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        items = list(value)
+        strays = [type(v).__name__ for v in items if not isinstance(v, Tool) and not callable(v)]
+        if strays:
+            raise ConfigError(f"--tools {spec!r} holds a {strays[0]}, which is not a tool")
+        try:
+            return ToolRegistry(items)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"--tools {spec!r}: {e}") from None
     raise ConfigError(
         f"--tools {spec!r} is a {type(value).__name__}, not a ToolRegistry or a list of tools"
     )
