@@ -6,6 +6,7 @@ the cut cannot be placed."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from andon.session import (
     SessionLog,
     SessionStart,
     StepStart,
+    ToolResult,
+    UserMessageEntered,
     check,
     encode_line,
     fold_state,
@@ -167,3 +170,77 @@ def test_a_cut_the_fold_cannot_place_reads_everything(tmp_path: Path) -> None:
     assert fold.cut is not None and fold.cut.seq == MAX_STEPS and fold.cut.offset == MAX_STEPS * 100
     assert not fold.keeps(records[5]) and fold.keeps(records[-1])
     assert HistoryStart.from_json(fold.to_json()).cut == fold.cut
+
+
+# -- the rule checker's state stays small in a session that compacts -------------------------
+
+
+def _records(events: list[EventData]) -> list[Record]:
+    return [Record(seq, T0 + seq * 0.01, data) for seq, data in enumerate(events)]
+
+
+def _session(turns: int, every: int | None) -> list[EventData]:
+    start = SessionStart(2, "s-0000000cut", "0.1.0", T0, "/tmp", MODEL, "prompt", 1, "test-host")
+    events, _ = _turns(1, turns, every, 1, None)
+    return [start, *events]
+
+
+def test_the_checker_holds_no_step_start_before_the_last_compaction_and_no_closed_call() -> None:
+    from andon.session._check import _Checker
+
+    checker = _Checker(live=False)
+    for record in _records(_session(200, 10)):
+        checker.feed(record)
+    assert checker.finish() == []
+    assert len(checker.step_starts) <= 2 * 10  # the steps since the last compaction
+    assert checker.unclosed == set()  # every call was answered in a step that ended
+    assert len(checker.call_ids) == 200
+
+
+def _rule8(events: list[EventData]) -> list[str]:
+    return [v.message for v in check(_records(events)) if v.rule == 8]
+
+
+def test_a_trim_may_name_only_a_call_an_ended_step_answered() -> None:
+    events = _session(3, None)
+    step2 = next(
+        i for i, d in enumerate(events) if isinstance(d, StepStart) and (d.turn, d.step) == (3, 2)
+    )
+    ok = ContextTrimmed(("c2-1-1",), 10, 5, 100, 3, 2)
+    assert _rule8([*events[: step2 + 1], ok, *events[step2 + 1 :]]) == []
+    unknown = ContextTrimmed(("c9-1-1",), 10, 5, 100, 3, 2)
+    found = _rule8([*events[: step2 + 1], unknown, *events[step2 + 1 :]])
+    assert found == ["context/trimmed names c9-1-1, which no earlier step answered"]
+    # Its own step's call is answered, but in a step that has not ended yet.
+    tool_result = next(
+        i for i, d in enumerate(events) if isinstance(d, ToolResult) and d.call_id == "c3-1-1"
+    )
+    early = ContextTrimmed(("c3-1-1",), 10, 5, 100, 3, 1)
+    # (Before the step's reply, as a trim must be: right after its user message.)
+    at = next(i for i, d in enumerate(events) if isinstance(d, UserMessageEntered) and d.turn == 3)
+    assert tool_result > at
+    found = _rule8([*events[: at + 1], early, *events[at + 1 :]])
+    assert found == ["context/trimmed names c3-1-1, which no earlier step answered"]
+
+
+def test_a_compaction_must_keep_from_a_step_start_after_the_previous_one() -> None:
+    events = _session(30, 10)
+    cuts = [i for i, d in enumerate(events) if isinstance(d, ContextCompacted)]
+    assert len(cuts) == 3 and _rule8(events) == []
+    first_cut, second = events[cuts[0]], events[cuts[1]]
+    assert isinstance(first_cut, ContextCompacted) and isinstance(second, ContextCompacted)
+    # The second compaction keeps from the first one's cut: it would undo it.
+    undo = dataclasses.replace(second, kept_from=first_cut.kept_from)
+    found = _rule8([*events[: cuts[1]], undo, *events[cuts[1] + 1 :]])
+    assert found == [
+        f"context/compacted keeps from seq {first_cut.kept_from}, before the previous "
+        f"compaction (seq {cuts[0]}) which it would undo"
+    ]
+    # Keeping from a record after the previous compaction that is no step/start.
+    not_a_step = cuts[0] + 1
+    assert not isinstance(events[not_a_step], StepStart)
+    wrong = dataclasses.replace(second, kept_from=not_a_step)
+    found = _rule8([*events[: cuts[1]], wrong, *events[cuts[1] + 1 :]])
+    assert found == [
+        f"context/compacted keeps from seq {not_a_step}, which is no earlier step/start"
+    ]

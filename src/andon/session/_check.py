@@ -108,8 +108,15 @@ class _Checker:
         self.step: _Step | None = None
         self.call_ids: set[str] = set()
         self.last_seq = -1
-        self.step_starts: set[int] = set()  # seqs of step/start records: compaction's cut points
-        self.closed_calls: set[str] = set()  # calls answered in a step that has ended
+        # The seqs of step/start records since the last compaction: a compaction's cut must be
+        # one of them (one at or before the last compaction is reported as such), so the set is
+        # emptied at each compaction and a long session that compacts holds few.
+        self.step_starts: set[int] = set()
+        # The call ids no ended step answered: those of the open step, and any a step left
+        # unanswered. A call is "answered in a step that has ended" (what context/trimmed may
+        # name) when it is in call_ids and not here: the complement of a small set, instead of
+        # a second set as large as call_ids.
+        self.unclosed: set[str] = set()
         self.last_compaction = -1
 
     def bad(self, seq: int, rule: int, message: str) -> None:
@@ -185,26 +192,27 @@ class _Checker:
                 self.bad(seq, 8, f"{r.type} after the step's reply; compaction comes before it")
         if isinstance(data, ContextTrimmed):
             for call_id in data.calls:
-                if call_id not in self.closed_calls:
+                if call_id not in self.call_ids or call_id in self.unclosed:
                     self.bad(
                         seq, 8, f"context/trimmed names {call_id}, which no earlier step answered"
                     )
             return
-        if data.kept_from not in self.step_starts or data.kept_from >= seq:
-            self.bad(
-                seq,
-                8,
-                f"context/compacted keeps from seq {data.kept_from}, which is no earlier "
-                "step/start",
-            )
-        elif data.kept_from <= self.last_compaction:
+        if data.kept_from <= self.last_compaction:
             self.bad(
                 seq,
                 8,
                 f"context/compacted keeps from seq {data.kept_from}, before the previous "
                 f"compaction (seq {self.last_compaction}) which it would undo",
             )
+        elif data.kept_from not in self.step_starts or data.kept_from >= seq:
+            self.bad(
+                seq,
+                8,
+                f"context/compacted keeps from seq {data.kept_from}, which is no earlier "
+                "step/start",
+            )
         self.last_compaction = seq
+        self.step_starts.clear()  # every one is at or before this compaction now
 
     # --- 1, 6: session records ----------------------------------------------------------------
 
@@ -344,7 +352,7 @@ class _Checker:
                     f"the reply in step {name} asked for tool call {call_id}, but the "
                     "step ends without a tool/result for it",
                 )
-        self.closed_calls.update(step.answered)
+        self.unclosed.difference_update(step.answered)
         self.step = None
 
     # --- 4, 6: records that belong to a step ----------------------------------------------------
@@ -416,6 +424,7 @@ class _Checker:
             self.bad(seq, 5, f"call_id {call_id} was used before; call ids are unique in a session")
             return
         self.call_ids.add(call_id)
+        self.unclosed.add(call_id)
         step.calls[call_id] = seq
         if not step.replied:
             self.bad(
@@ -468,6 +477,7 @@ class _Checker:
                 )
                 return
             self.call_ids.add(call_id)
+            self.unclosed.add(call_id)
             if call_id not in step.requested:
                 self.bad(
                     seq,
@@ -543,7 +553,7 @@ class _Checker:
             "call_ids": sorted(self.call_ids),
             "last_seq": self.last_seq,
             "step_starts": sorted(self.step_starts),
-            "closed_calls": sorted(self.closed_calls),
+            "unclosed": sorted(self.unclosed),
             "last_compaction": self.last_compaction,
         }
 
@@ -579,7 +589,7 @@ class _Checker:
         checker.call_ids = {_str(c) for c in obj["call_ids"]}
         checker.last_seq = _int(obj["last_seq"])
         checker.step_starts = {_int(s) for s in obj["step_starts"]}
-        checker.closed_calls = {_str(c) for c in obj["closed_calls"]}
+        checker.unclosed = {_str(c) for c in obj["unclosed"]}
         checker.last_compaction = _int(obj["last_compaction"])
         return checker
 

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 INDEX_NAME: Final = "events.index"
-INDEX_VERSION: Final = 2
+INDEX_VERSION: Final = 3
 """Bumped whenever what the index holds changes shape: an index of another version is ignored."""
 INDEX_MIN_BYTES: Final = 1 << 20
 """A read that had to parse at least this many bytes of log leaves an index (about 6,000
