@@ -287,6 +287,7 @@ OPEN_CLASSES: dict[str, str] = {
     "PodLauncher": "a launcher may be specialised (how a worker starts, what it runs)",
     "PoolObserver": "a user's observer overrides what it watches",
     "ExecutionObserver": "a user's observer overrides what it watches",
+    "ToolProvider": "the protocol a source of tools implements (andon.mcp's servers)",
 }
 """The user tier's classes meant to be subclassed; every other one is ``@final``."""
 

@@ -34,6 +34,7 @@ from andon.supervisor._instructions import (
 )
 from andon.supervisor._open import DEFAULT_SYSTEM_PROMPT, SECRET_ENV, open_agent
 from andon.supervisor._outcome import StageMark, ToolOutcome
+from andon.supervisor._providers import ToolProvider
 from andon.supervisor._subagent import subagent_tool
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "ToolCallRequest",
     "ToolExecutor",
     "ToolOutcome",
+    "ToolProvider",
     "TurnBudget",
     "TurnStopping",
     "find_project_instructions",

@@ -36,6 +36,7 @@ from andon.supervisor._agent import Agent, check_context_window, check_max_paral
 from andon.supervisor._executor import ToolExecutor
 from andon.supervisor._hooks import HookSpec
 from andon.supervisor._instructions import FoundInstructions
+from andon.supervisor._providers import ToolProvider
 from andon.workers import ToolRegistry, default
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "SECRET_ENV", "open_agent"]
@@ -65,6 +66,33 @@ def _check_logged_session_id(loaded: Sequence[Record]) -> None:
             except ConfigError as e:
                 raise ConfigError(f"cannot resume this session: {e}") from None
             return
+
+
+async def _open_providers(
+    stack: contextlib.AsyncExitStack,
+    providers: Sequence[ToolProvider],
+    workers: WorkerPool,
+    registry: ToolRegistry,
+    owner: str,
+) -> ToolRegistry:
+    """Open each provider on the stack (closed in reverse, before the pool) and return the
+    registry with their tools added; a name offered twice is a ``ConfigError``."""
+    if not providers:
+        return registry
+    for provider in providers:
+        missing = [t.name for t in provider.worker_tools if t.name not in workers.registry]
+        if missing:
+            raise ConfigError(
+                f"the worker pool lacks the tools a provider needs ({', '.join(missing)}); "
+                "let open_agent start the pool, or start it with them"
+            )
+    offered = list(registry)
+    for provider in providers:
+        for tool in await stack.enter_async_context(provider.open(workers, owner)):
+            if tool.name in {t.name for t in offered}:
+                raise ConfigError(f"the tool name {tool.name!r} is offered twice")
+            offered.append(tool)
+    return ToolRegistry(offered)
 
 
 def _secret_names(model: Model, secret_env: Sequence[str]) -> tuple[str, ...]:
@@ -98,6 +126,7 @@ async def open_agent(
     launcher: WorkerLauncher | None = None,
     context_window: int | None = None,
     project_instructions: FoundInstructions | None = None,
+    providers: Sequence[ToolProvider] = (),
 ) -> AsyncIterator[Agent]:
     """Open (or resume) the session in ``session_dir`` and yield its :class:`Agent`.
 
@@ -122,6 +151,10 @@ async def open_agent(
     ``project_instructions`` (from :func:`find_project_instructions`) are added after the system
     prompt (``system_prompt``, or andon's own), and ``session/start`` or ``session/resumed``
     records which files they came from (docs/agent-loop.md, Project instructions).
+
+    ``providers`` add tools from elsewhere (the MCP servers of ``andon.mcp``): each is opened
+    once the pool runs, its tools join ``tools`` (a name offered twice is refused), and it is
+    closed after the agent is disposed, before the pool stops.
     """
     check_context_window(context_window)  # before anything is opened: a bad value loses nothing
     if max_parallel is not None:
@@ -182,12 +215,21 @@ async def open_agent(
         hidden = tuple(name for name in secrets if name not in pass_env)
         passed = {n: os.environ[n] for n in secrets if n in pass_env and n in os.environ}
         async with contextlib.AsyncExitStack() as stack:
+            hidden_tools = [t for p in providers for t in p.worker_tools]
             if workers is None:
+                pool_registry = (
+                    ToolRegistry([*registry, *hidden_tools]) if hidden_tools else registry
+                )
                 workers = await stack.enter_async_context(
-                    WorkerPool(pool_config, registry, hide_env=secrets, launcher=launcher)
+                    WorkerPool(pool_config, pool_registry, hide_env=secrets, launcher=launcher)
                 )
             else:
                 workers.hide_env(secrets)  # refuses if its workers already hold one of them
+            owner = next(
+                (r.data.session_id for r in (*loaded, first) if isinstance(r.data, SessionStart)),
+                "",
+            )
+            registry = await _open_providers(stack, providers, workers, registry, owner)
             executor = ToolExecutor(
                 workers,
                 registry,
