@@ -20,6 +20,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from andon.base import ConfigError, GracePolicy, UnreadableFile, clean_text, read_small_file
+from andon.cli._mcp_config import (
+    MCP,
+    McpServerSettings,
+    merge_servers,
+    parse_mcp_flag,
+    parse_mcp_json,
+    parse_mcp_table,
+)
 from andon.cli._prices import Price, parse_prices
 from andon.cli._workers import CONTAINERS, ContainerSettings, parse_containers, workers_in
 
@@ -56,6 +64,9 @@ class Settings:
     containers: ContainerSettings = field(default_factory=ContainerSettings)  # andon.toml only
     project_instructions: bool = True  # AGENTS.md from the git root down to the cwd
     tools: tuple[str, ...] = ()  # MODULE:NAME of Python tools offered beside the built-in ones
+    # The MCP servers the session starts: andon.toml's [mcp.servers.NAME], --mcp-config's file,
+    # then --mcp flags (a later one wins for the same name).
+    mcp_servers: tuple[McpServerSettings, ...] = ()
 
 
 def _positive_float(name: str) -> Callable[[str], float]:
@@ -184,6 +195,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "workers_in": workers_in,
     "progress_interval": _interval("progress-interval"),
     "tools": _tool_specs,
+    "mcp_config": lambda text: parse_mcp_json(Path(text)),
 }
 
 ENV_VARS: Final = {name: f"ANDON_{name.upper()}" for name in _PARSERS}
@@ -252,9 +264,12 @@ def _from_toml(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
         if key == CONTAINERS:
             tables["containers"] = parse_containers(value, path)
             continue
+        if key == MCP:
+            tables["mcp_servers"] = parse_mcp_table(value, path)
+            continue
         name = key.replace("-", "_")
         if name not in _PARSERS:
-            known = ", ".join(sorted([*_PARSERS, _PRICES, CONTAINERS]))
+            known = ", ".join(sorted([*_PARSERS, _PRICES, CONTAINERS, MCP]))
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
@@ -293,6 +308,10 @@ def resolve(flags: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -
             values[name] = _PARSERS[name](value)
         else:
             values[name] = value
+    flagged = tuple(parse_mcp_flag(text) for text in flags.get("mcp") or ())
+    values["mcp_servers"] = merge_servers(
+        values.get("mcp_servers", ()), values.pop("mcp_config", ()), flagged
+    )
     return Settings(**values)
 
 
@@ -322,6 +341,17 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         help="tool worker processes, started as calls need them (default 4)",
     )
     p.add_argument("--grace", metavar="TERM,KILL", help="seconds to SIGTERM, then to SIGKILL")
+    p.add_argument(
+        "--mcp",
+        action="append",
+        metavar="'NAME=COMMAND ARGS…'",
+        help="an MCP server (stdio) whose tools the model gets as NAME__TOOL; repeatable",
+    )
+    p.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        help='MCP servers from a {"mcpServers": {...}} JSON file, as other agent tools read',
+    )
     p.add_argument(
         "--tools",
         action="append",
