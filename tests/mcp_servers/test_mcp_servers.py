@@ -14,6 +14,7 @@ import pytest
 from andon.base import AbortController, ConfigError, User
 from andon.mcp import McpError, McpServer, McpServerConfig
 from andon.supervisor import ToolExecutor
+from tests.mcp_servers.everything import command as everything_command
 from tests.mcp_servers.support import FAKE, Lines, console_script, executor, fake
 
 
@@ -175,3 +176,31 @@ async def test_an_executor_without_the_host_or_with_a_default_timeout_is_refused
         timed = ToolExecutor(ex.pool, ex.registry, default_timeout=60)
         with pytest.raises(ConfigError, match="default timeout"):
             McpServer(fake("ok"), timed)
+
+
+@pytest.fixture(scope="session")
+def everything() -> tuple[str, ...]:
+    found = everything_command()
+    if isinstance(found, str):
+        pytest.skip(f"no @modelcontextprotocol/server-everything: {found}")
+    return found
+
+
+@pytest.mark.timeout(240)  # the first use may install the server from npm (bounded at 180 s)
+async def test_the_reference_server_reports_progress_takes_a_cancel_and_answers_on(
+    everything: tuple[str, ...],
+) -> None:
+    async with executor() as ex, McpServer(McpServerConfig("everything", everything), ex) as server:
+        assert {"echo", "trigger-long-running-operation"} <= {t.name for t in server.tools}
+        lines, stop = Lines(), AbortController()
+        arguments = {"duration": 60, "steps": 60}
+        call = server.call("trigger-long-running-operation", arguments, stop.signal, lines)
+        task = asyncio.ensure_future(call)
+        await lines.wait_for("progress 1/60")
+        stop.abort(User())
+        outcome = await task
+        assert outcome.ended_by in ("interrupt", "term", "kill"), outcome
+        assert outcome.is_error
+        echoed = await server.call("echo", {"message": "after"}, AbortController().signal)
+        assert echoed.content == "Echo: after"
+        assert not echoed.is_error
