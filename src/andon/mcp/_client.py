@@ -62,6 +62,8 @@ _LINE_LIMIT = 16 * 1024 * 1024
 _TAIL = 4096
 _EXIT_GRACE = 2.0
 """How long a server whose stdout ended is given to exit before the error names the pipe."""
+_STDOUT_CLOSED = "closed its stdout"
+_BROKE = "its connection broke"
 _CONNECT_GRACE = 5.0
 """How long a token line may take once the host has connected."""
 
@@ -270,7 +272,7 @@ class _Connection:
                 return task.result()
             except Exception as e:
                 if self.ended.is_set():
-                    raise McpError(await self.why_ended(f"answering {what}")) from None
+                    raise McpError(await self.why_ended(f"before answering {what}")) from None
                 raise McpError(
                     f"MCP server {self.server.config.name!r} failed {what}: {e}"
                 ) from None
@@ -302,10 +304,10 @@ class _Connection:
                     self._end(f"wrote a line longer than {_LINE_LIMIT} bytes")
                     return
                 except OSError as e:
-                    self._end(f"its connection broke: {e}")
+                    self._end(f"{_BROKE}: {e}")
                     return
                 if not line:
-                    self._end("closed its stdout")
+                    self._end(_STDOUT_CLOSED)
                     return
                 if not line.strip():
                     continue
@@ -339,7 +341,7 @@ class _Connection:
                 self.writer.write(data.encode())
                 await self.writer.drain()
         except (OSError, RuntimeError) as e:
-            self._end(f"its connection broke: {e}")
+            self._end(f"{_BROKE}: {e}")
 
     def _end(self, reason: str) -> None:
         if not self.ended.is_set():
@@ -363,7 +365,8 @@ class _Connection:
     async def settle(self) -> None:
         """The server's stdout ended: give its exit a moment to show, so the reason given is
         the exit status rather than the closed pipe (bounded; the host may live on)."""
-        if self.host is not None and not self.host.done():
+        closed = self.end_reason == _STDOUT_CLOSED or self.end_reason.startswith(_BROKE)
+        if closed and self.host is not None and not self.host.done():
             await asyncio.wait({self.host}, timeout=_EXIT_GRACE)
 
     async def why_ended(self, when: str) -> str:
