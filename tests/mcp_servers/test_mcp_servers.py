@@ -76,7 +76,9 @@ async def test_the_server_gets_no_secret_of_the_supervisor(
 
 
 async def test_a_cancel_the_server_takes_ends_by_interrupt_and_keeps_it() -> None:
-    async with executor() as ex, McpServer(fake("ok"), ex) as server:
+    # A generous term_after: the wait ends at the server's answer, and at load 40 on 2 cores an
+    # answer may take seconds.
+    async with executor() as ex, McpServer(fake("ok", term_after=30), ex) as server:
         pid = await _pid(server)
         lines, stop = Lines(), AbortController()
         call = server.call("slow", {}, stop.signal, lines)
@@ -190,7 +192,8 @@ def everything() -> tuple[str, ...]:
 async def test_the_reference_server_reports_progress_takes_a_cancel_and_answers_on(
     everything: tuple[str, ...],
 ) -> None:
-    async with executor() as ex, McpServer(McpServerConfig("everything", everything), ex) as server:
+    config = McpServerConfig("everything", everything, term_after=30)  # see the fake's test
+    async with executor() as ex, McpServer(config, ex) as server:
         assert {"echo", "trigger-long-running-operation"} <= {t.name for t in server.tools}
         lines, stop = Lines(), AbortController()
         arguments = {"duration": 60, "steps": 60}
@@ -199,7 +202,7 @@ async def test_the_reference_server_reports_progress_takes_a_cancel_and_answers_
         await lines.wait_for("progress 1/60")
         stop.abort(User())
         outcome = await task
-        assert outcome.ended_by in ("interrupt", "term", "kill"), outcome
+        assert outcome.ended_by == "interrupt", outcome
         assert outcome.is_error
         echoed = await server.call("echo", {"message": "after"}, AbortController().signal)
         assert echoed.content == "Echo: after"

@@ -86,6 +86,9 @@ class McpServerConfig:
     """How long a cancelled call waits for the server to answer before its host is stopped."""
     kill_after: float = 3.0
     """From the host's SIGTERM to its SIGKILL."""
+    close_after: float = 2.0
+    """How long a closing server is given to exit once its stdin is closed, before its host is
+    stopped by the ladder (SIGINT and SIGTERM, then SIGKILL)."""
     max_start_failures: int = 3
 
     def __post_init__(self) -> None:
@@ -93,7 +96,7 @@ class McpServerConfig:
             raise ConfigError("an MCP server needs a name")
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
             raise ConfigError(f"MCP server {self.name!r}: command must be a non-empty argv")
-        for key in ("startup_timeout", "term_after", "kill_after"):
+        for key in ("startup_timeout", "term_after", "kill_after", "close_after"):
             value = getattr(self, key)
             if not (isinstance(value, int | float) and value >= 0):
                 raise ConfigError(f"MCP server {self.name!r}: {key} must be >= 0 seconds")
@@ -651,12 +654,12 @@ class McpServer:
         )
 
     async def aclose(self) -> None:
-        """Stop the server (its stdin closed, then the ladder after ``term_after``); nothing of
+        """Stop the server (its stdin closed, then the ladder after ``close_after``); nothing of
         it is left. Idempotent."""
         async with self._lock:
             conn, self._conn = self._conn, None
             if conn is not None:
-                await conn.close(self.config.term_after)
+                await conn.close(self.config.close_after)
 
     async def __aenter__(self) -> McpServer:
         await self.start()
