@@ -28,10 +28,12 @@ def console_script(name: str) -> str:
 
 
 @asynccontextmanager
-async def executor(containment: ContainmentSetting = "subreaper") -> AsyncIterator[ToolExecutor]:
+async def executor(
+    containment: ContainmentSetting = "subreaper", size: int = 2
+) -> AsyncIterator[ToolExecutor]:
     registry = default()
     registry.add(MCP_HOST)
-    async with WorkerPool(WorkerPoolConfig(size=2, containment=containment), registry) as pool:
+    async with WorkerPool(WorkerPoolConfig(size=size, containment=containment), registry) as pool:
         yield ToolExecutor(pool, registry)
 
 

@@ -163,6 +163,14 @@ async def test_a_command_that_does_not_exist_is_a_clear_error() -> None:
             await server.start()
 
 
+async def test_a_server_with_no_free_worker_is_a_clear_error() -> None:
+    async with executor(size=1) as ex, McpServer(fake("ok"), ex):
+        second = McpServer(fake("ok", startup_timeout=1.0), ex)
+        with pytest.raises(McpError, match=r"did not start within 1s .*is a worker of the pool"):
+            await second.start()
+        await second.aclose()
+
+
 async def test_aclose_leaves_nothing() -> None:
     async with executor() as ex:
         server = McpServer(fake("deaf-hard", term_after=0.2, kill_after=0.2), ex)

@@ -201,11 +201,22 @@ class _Connection:
         self.host.add_done_callback(self._host_ended)
         ended: asyncio.Future[Any] = asyncio.ensure_future(self.ended.wait())
         try:
-            await asyncio.wait({connected, ended}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {connected, ended},
+                timeout=self.server.start_deadline - asyncio.get_running_loop().time(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             ended.cancel()
-        if not connected.done():
+        if not connected.done() and self.ended.is_set():
             raise McpError(await self.why_ended("before it connected"))
+        if not connected.done():
+            # The host call waits for a worker (each running server holds one), or its worker
+            # is slow to start it: either way, not within the start's bound.
+            raise McpError(
+                f"MCP server {config.name!r} did not start within {config.startup_timeout:g}s "
+                "(its host never connected: is a worker of the pool free?)"
+            )
         self.reader, self.writer = connected.result()
         self.listener.close()
         try:
