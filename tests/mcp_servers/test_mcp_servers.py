@@ -32,7 +32,7 @@ async def _pid(server: McpServer) -> int:
     return int(outcome.content)
 
 
-@pytest.mark.parametrize("containment", ["subreaper", "pgroup"])
+@pytest.mark.parametrize("containment", ["auto", "subreaper", "pgroup"])
 async def test_a_real_server_lists_and_answers(containment: str) -> None:
     command = console_script("mcp-server-time")
     if not os.path.exists(command):
