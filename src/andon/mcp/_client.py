@@ -38,7 +38,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast, final
 
-from andon.base import AbortController, AbortSignal, AndonError, ConfigError, GracePolicy, Hook
+from andon.base import (
+    AbortController,
+    AbortSignal,
+    AndonError,
+    ConfigError,
+    GracePolicy,
+    Hook,
+    clean_text,
+)
 from andon.mcp._host_tool import MCP_HOST_NAME, host_command
 from andon.supervisor import ExecutionObserver, ToolCallRequest, ToolExecutor, ToolOutcome
 
@@ -133,7 +141,7 @@ class _HostObserver(ExecutionObserver):
         self.tail = (self.tail + data)[-_TAIL:]
 
     def text(self) -> str:
-        return self.tail.decode("utf-8", "replace").strip()
+        return clean_text(self.tail).strip()
 
 
 class _Connection:
@@ -328,7 +336,7 @@ class _Connection:
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
                 except ValueError:
-                    shown = line[:200].decode("utf-8", "replace").strip()
+                    shown = clean_text(line[:200]).strip()
                     self._end(f"wrote something that is not JSON-RPC: {shown!r}")
                     return
                 try:

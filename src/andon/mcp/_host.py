@@ -154,7 +154,7 @@ def main(argv: list[str]) -> int:
     if code < 0:
         # Die of the same signal, so the call's end says what ended the server.
         signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
+        signal.raise_signal(-code)
     return code
 
 
