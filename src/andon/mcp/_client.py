@@ -36,12 +36,13 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast, final
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast, final
 
 from andon.base import (
     AbortController,
     AbortSignal,
     AndonError,
+    CancelStage,
     ConfigError,
     GracePolicy,
     Hook,
@@ -60,7 +61,8 @@ __all__ = ["McpError", "McpOutcome", "McpServer", "McpServerConfig", "McpTool"]
 
 _log = logging.getLogger("andon.mcp")
 
-McpEndedBy = Literal["exit", "interrupt", "term", "kill"]
+McpEndedBy: TypeAlias = Literal["exit"] | CancelStage
+"""How an MCP call ended: answered (``exit``), or by the stage of a stop that ended it."""
 
 _CALL_KEY = "dev.andon/call"
 """A ``_meta`` key on each ``tools/call``: the transport's writer learns the request id the SDK
