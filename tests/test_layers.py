@@ -42,10 +42,11 @@ ALLOWED: dict[str, set[str]] = {
     "llm": {"base"},
     "fleet": {"base", "procs", "protocol", "workers"},
     "supervisor": {"base", "procs", "protocol", "session", "workers", "fleet", "llm"},
+    "mcp": {"base", "procs", "protocol", "workers", "fleet", "supervisor"},
     "testing": {"base", "procs", "llm", "session"},
     "cli": {
         *("base", "procs", "protocol", "session", "workers", "fleet", "llm"),
-        *("supervisor", "testing"),
+        *("supervisor", "mcp", "testing"),
     },
 }
 

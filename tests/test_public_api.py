@@ -24,6 +24,7 @@ PACKAGES = (
     "andon.llm",
     "andon.fleet",
     "andon.supervisor",
+    "andon.mcp",
     "andon.testing",
     "andon.cli",
     "andon.cli.bench",
@@ -227,7 +228,10 @@ USER_NAMES: dict[str, frozenset[str]] = {
 """Faces that serve users and other layers alike: the names for users."""
 
 INTERNAL_FACES = frozenset(
-    {"andon.base", "andon.procs", "andon.protocol", "andon.workers", "andon.cli", "andon.cli.bench"}
+    {
+        *("andon.base", "andon.procs", "andon.protocol", "andon.workers", "andon.mcp"),
+        *("andon.cli", "andon.cli.bench"),
+    }
 )
 """Faces with no name for users (what users need of them is re-exported by a user face)."""
 

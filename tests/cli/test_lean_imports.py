@@ -30,7 +30,18 @@ andon.cli._leave = report
 andon.cli.main()
 """
 
-HEAVY = ["httpx", "httpx._main", "httpx_sse", "jsonschema", "rich", "yaml", "click", "tarfile"]
+# mcp (the MCP SDK): imported only when an MCP server starts (andon.mcp), never at start-up.
+HEAVY = [
+    "httpx",
+    "httpx._main",
+    "httpx_sse",
+    "jsonschema",
+    "rich",
+    "yaml",
+    "click",
+    "tarfile",
+    "mcp",
+]
 
 
 def _loaded(tmp_path: Path, *args: str) -> list[str]:

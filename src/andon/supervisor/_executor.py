@@ -126,6 +126,9 @@ class ToolCallRequest:
     # The session the call belongs to; with the call id it makes the call's process tag. None: the
     # executor's own identity.
     owner: str | None = None
+    # How this one call is stopped, over the tool's and the executor's policy (None: theirs). An
+    # MCP server's host call stops on its own timeline (docs/tools.md, MCP servers).
+    grace: GracePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,7 @@ class ToolExecutor:
         tool, arguments = prepared
         choice = self.timeout_choice(tool, arguments)
         timeout = choice.seconds
-        grace = tool.grace or self.grace
+        grace = request.grace or tool.grace or self.grace
         run = Run(
             call_id=request.call_id,
             tool=tool.name,
