@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "llm": {"base"},
     "fleet": {"base", "procs", "protocol", "workers"},
     "supervisor": {"base", "procs", "protocol", "session", "workers", "fleet", "llm"},
-    "mcp": {"base", "procs", "protocol", "workers", "fleet", "supervisor"},
+    "mcp": {"base", "procs", "protocol", "session", "workers", "fleet", "supervisor"},
     "testing": {"base", "procs", "llm", "session"},
     "cli": {
         *("base", "procs", "protocol", "session", "workers", "fleet", "llm"),

@@ -199,6 +199,44 @@ def tool_registry(specs: tuple[str, ...]) -> ToolRegistry | None:
     return registry
 
 
+def mcp_providers(settings: Settings) -> list[Any]:
+    """The session's MCP servers as the provider ``open_agent`` takes (none: no provider). Each
+    call of theirs is stopped on the session's grace timeline (docs/tools.md, MCP servers)."""
+    if not settings.mcp_servers:
+        return []
+    try:
+        import mcp  # noqa: F401  (the SDK: only the check that it is there)
+    except ImportError:
+        raise ConfigError(
+            "MCP servers need the official MCP SDK, which is not installed: "
+            "pip install 'andon[mcp]'"
+        ) from None
+    from andon.mcp import McpServerConfig, McpServers, ServerChoice
+
+    grace = settings.grace
+    return [
+        McpServers(
+            [
+                ServerChoice(
+                    McpServerConfig(
+                        name=server.name,
+                        command=server.argv,
+                        env=dict(server.env),
+                        cwd=server.cwd,
+                        startup_timeout=server.startup_timeout,
+                        term_after=grace.term_after,
+                        kill_after=grace.kill_after,
+                    ),
+                    enabled=server.enabled_tools,
+                    disabled=server.disabled_tools,
+                    tool_timeout=server.tool_timeout,
+                )
+                for server in settings.mcp_servers
+            ]
+        )
+    ]
+
+
 def agent_options(
     settings: Settings,
     *,
@@ -213,11 +251,13 @@ def agent_options(
     ``resume`` and ``chat``), so that one setting cannot reach one command and miss another."""
     import andon
 
+    servers = len(settings.mcp_servers)
     return {
         "model": model,
         "cwd": cwd,
         "pool": andon.WorkerPoolConfig(
-            size=settings.workers,
+            # Each MCP server holds a worker while it runs: the tools keep their own.
+            size=settings.workers + servers,
             runtime_dir=runtime_root(),
             start_timeout=settings.worker_start_timeout or andon.WorkerPoolConfig.start_timeout,
         ),
@@ -230,4 +270,6 @@ def agent_options(
         "project_instructions": instructions,
         "context_window": context_window,
         "tools": tool_registry(settings.tools),
+        "providers": mcp_providers(settings),
+        "max_parallel": settings.workers,
     }

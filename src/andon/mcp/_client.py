@@ -444,6 +444,8 @@ class _Connection:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            elif not task.cancelled():
+                task.exception()  # retrieved: a loop that failed as the server went is no news
         for stream in self._streams:
             stream.close()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -566,6 +568,10 @@ class McpServer:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            elif not task.cancelled():
+                # Its failure was answered already (the server went away under the call):
+                # retrieved here, so asyncio does not print it as never retrieved.
+                task.exception()
 
     async def _follow(
         self, conn: _Connection, task: asyncio.Future[Any], key: str, signal: AbortSignal
