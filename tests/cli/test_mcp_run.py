@@ -8,11 +8,15 @@ import os
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from andon import procs
+from andon.base import call_tag
 from tests.cli.support import assert_balanced, finish, read_until, records, run, script, start
 from tests.mcp_servers.support import FAKE, console_script
+from tests.support import leftovers
 
 
 def _calls(*calls: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,3 +103,76 @@ def test_a_wrong_mcp_flag_is_one_line_and_no_session(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "expected NAME=COMMAND" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_kill_9_of_andon_mid_call_leaves_no_server_and_the_log_is_repaired(
+    tmp_path: Path, killer: list[Any]
+) -> None:
+    model = script(tmp_path / "s.json", _calls(("deaf__slow", {})))
+    proc = start(
+        *("run", "--json", "--model", model, "--session", "s"),
+        *("--mcp", _fake("deaf", "deaf-hard")),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(proc)
+    read_until(proc, lambda e: e.get("type") == "tool/output")
+    session_id = records(tmp_path / "s")[0]["data"]["session_id"]
+    entry = procs.tag_entry(call_tag(session_id, "mcp-deaf-1"))
+    assert procs.tagged(entry), "the server and its host carry the host call's tag"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    # The workers see their supervisor go and kill their call's group: the server with it.
+    assert leftovers(entry, timeout=3.0) == []
+    repaired = run("repair", "s", cwd=tmp_path)
+    assert repaired.returncode == 0, repaired.stderr
+    assert_balanced(tmp_path / "s")
+
+
+def test_a_server_killed_mid_call_gives_an_honest_error_and_is_started_again(
+    tmp_path: Path,
+) -> None:
+    model = script(
+        tmp_path / "s.json", _calls(("fake__die", {}), ("fake__echo", {"text": "again"}))
+    )
+    done = run(
+        *("run", "--model", model, "--session", "s", "--mcp", _fake("fake", "ok"), "go"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    died, again = _results(tmp_path / "s")
+    assert died["is_error"] and "exit status 5" in died["content"], died
+    assert "again" in again["content"] and not again["is_error"], again
+    assert_balanced(tmp_path / "s")
+
+
+def test_sigint_with_three_servers_exits_130_within_the_grace_bound_leaving_none(
+    tmp_path: Path, killer: list[Any]
+) -> None:
+    model = script(tmp_path / "s.json", _calls(("deaf__slow", {})))
+    proc = start(
+        *("run", "--json", "--grace", "1,1", "--model", model, "--session", "s"),
+        *("--mcp", f"time={console_script('mcp-server-time')}"),
+        *("--mcp", _fake("ok", "ok")),
+        *("--mcp", _fake("deaf", "deaf-hard")),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(proc)
+    read_until(proc, lambda e: e.get("type") == "tool/output")
+    session_id = records(tmp_path / "s")[0]["data"]["session_id"]
+    entries = [
+        procs.tag_entry(call_tag(session_id, f"mcp-{name}-1")) for name in ("time", "ok", "deaf")
+    ]
+    assert all(procs.tagged(entry) for entry in entries)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    code, _, err = finish(proc)
+    took = time.monotonic() - sent
+    assert code == 130, err
+    assert took < 2 + 10, took  # the grace bound (1 + 1), plus slack for a loaded machine
+    assert "Traceback" not in err
+    (result,) = _results(tmp_path / "s")
+    assert result["ended_by"] == "kill", result  # deaf to the cancel, SIGINT and SIGTERM
+    assert all(leftovers(entry, timeout=0.5) == [] for entry in entries)
+    assert_balanced(tmp_path / "s")

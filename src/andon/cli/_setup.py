@@ -226,6 +226,8 @@ def mcp_providers(settings: Settings) -> list[Any]:
                         startup_timeout=server.startup_timeout,
                         term_after=grace.term_after,
                         kill_after=grace.kill_after,
+                        # Closing its stdin is the polite request; the ladder follows it.
+                        close_after=grace.term_after,
                     ),
                     enabled=server.enabled_tools,
                     disabled=server.disabled_tools,
