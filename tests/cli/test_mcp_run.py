@@ -58,6 +58,18 @@ def test_tools_of_two_servers_answer_in_one_session(tmp_path: Path) -> None:
     assert wrong["is_error"], wrong
     assert plain["content"].startswith("plain")
     assert_balanced(tmp_path / "s")  # and the conftest fails the test if a server was left
+    # The log names each server, what it said of itself and the tools offered (ignorable: an
+    # andon that does not know the record skips it).
+    servers = [r for r in records(tmp_path / "s") if r["type"] == "mcp/server"]
+    assert [(r["data"]["name"], r["data"]["state"], r.get("ignorable")) for r in servers] == [
+        ("time", "started", True),
+        ("fake", "started", True),
+    ]
+    assert "time__get_current_time" in servers[0]["data"]["tools"]
+    assert servers[0]["data"]["server_name"] and "tools" in servers[0]["data"]["capabilities"]
+    shown = run("log", "s", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "MCP server time (" in shown.stdout and "tools offered" in shown.stdout, shown.stdout
 
 
 def test_sigint_during_a_call_to_a_deaf_server_stops_it_on_the_grace_timeline(
@@ -92,6 +104,8 @@ def test_a_server_that_cannot_start_is_one_line_and_the_session_goes_on(tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert "MCP server 'broken' did not start" in done.stderr, done.stderr
+    (failed,) = [r["data"] for r in records(tmp_path / "s") if r["type"] == "mcp/server"]
+    assert failed["state"] == "failed" and "exit status 3" in failed["reason"], failed
     assert "Traceback" not in done.stderr
     assert _results(tmp_path / "s")[0]["content"].startswith("still here")
 

@@ -25,6 +25,7 @@ from andon.session import (
     Completed,
     ContextCompacted,
     ContextTrimmed,
+    McpServerEvent,
     ReasoningBlock,
     Record,
     SessionLog,
@@ -603,6 +604,59 @@ def compacted(folder: Path) -> None:
     write_session(folder, sim)
 
 
+def mcp_servers(folder: Path) -> None:
+    """Two MCP servers named at the session's start (one started, one that could not), and a call
+    to a tool of the one that did (docs/log-format.md, MCP servers)."""
+    sim = Sim()
+    sim.start(format=2)
+    sim.emit(
+        McpServerEvent(
+            "time",
+            ("mcp-server-time", "--local-timezone", "UTC"),
+            "started",
+            ("time__get_current_time", "time__convert_time"),
+            server_name="mcp-time",
+            server_version="1.27.0",
+            capabilities={"tools": {"listChanged": False}},
+        ),
+        0.4,
+    )
+    sim.emit(
+        McpServerEvent(
+            "broken",
+            ("python3", "server.py"),
+            "failed",
+            reason="MCP server 'broken' exited (exit status 3) before answering initialize",
+        ),
+        0.1,
+    )
+    sim.queue("What time is it in UTC?", dt=0.2)
+    sim.begin_turn()
+    sim.begin_step(sim.claim(first_step=True))
+    sim.request()
+    block = ToolCallBlock(
+        sim.call_id(1), "time__get_current_time", '{"timezone": "UTC"}', "call_00_t"
+    )
+    sim.stream([block])
+    sim.reply([block], usage={"prompt_tokens": 900, "completion_tokens": 20})
+    sim.tool_call(block)
+    sim.result(
+        block.call_id,
+        '{"timezone": "UTC", "datetime": "2026-12-07T15:00:00+00:00", "is_dst": false}',
+        exit_code=None,
+        with_exit=False,
+    )
+    sim.end_step()
+    sim.begin_step(sim.claim(first_step=False))
+    sim.request()
+    blocks = [TextBlock("It is 15:00 in UTC.")]
+    sim.stream(blocks)
+    sim.reply(blocks, usage={"prompt_tokens": 980, "completion_tokens": 9})
+    sim.end_step()
+    sim.end_turn(Completed())
+    write_session(folder, sim)
+
+
 FIXTURE_BUILDERS: dict[str, Callable[[Path], None]] = {
     "complete": complete,
     "cancelled-mid-stream": cancelled_mid_stream,
@@ -615,6 +669,7 @@ FIXTURE_BUILDERS: dict[str, Callable[[Path], None]] = {
     "cancel-discarded-queue": cancel_discarded_queue,
     "repaired-and-resumed": repaired_and_resumed,
     "compacted": compacted,
+    "mcp-servers": mcp_servers,
 }
 
 

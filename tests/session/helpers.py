@@ -28,6 +28,7 @@ from andon.session import (
     InboxSpliced,
     LlmRequest,
     LlmRetry,
+    McpServerEvent,
     ModelInfo,
     ReasoningBlock,
     Record,
@@ -312,7 +313,7 @@ def write_session(
     log = SessionLog.open(folder, clock=clock, durability="none")
     for dt, data in sim.events:
         clock.advance(dt)
-        log.append(data)
+        log.append(data, ignorable=isinstance(data, McpServerEvent))  # as andon writes it
     if close:
         log.close()
     return log

@@ -36,7 +36,7 @@ CHILD = Path(__file__).with_name("_child.py")
 NOW = WALL_START + 3600.0
 
 BALANCED = ["complete", "cancelled-mid-stream", "cancelled-mid-tool", "cancel-discarded-queue",
-            "repaired-and-resumed", "compacted"]  # fmt: skip
+            "repaired-and-resumed", "compacted", "mcp-servers"]  # fmt: skip
 
 UNKNOWN = {"code": "TOOL_OUTCOME_UNKNOWN", "name": "HarnessStopped"}
 NOT_STARTED = {"code": "TOOL_NOT_STARTED", "name": "HarnessStopped"}

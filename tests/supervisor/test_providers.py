@@ -5,7 +5,7 @@ tools run through it, and the provider is closed after the agent and before the 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import andon
 from andon.base import AbortController, ConfigError, GracePolicy
 from andon.fleet import WorkerPool, WorkerPoolConfig
 from andon.llm import OpenAICompatible, Scripted
+from andon.session import EventData
 from andon.supervisor import ToolCallRequest, ToolExecutor, ToolOutcome
 from andon.testing import MockModelServer
 from andon.workers import Tool, ToolRegistry, default
@@ -38,7 +39,9 @@ class EchoProvider:
         return [hidden_echo]
 
     @contextlib.asynccontextmanager
-    async def open(self, workers: WorkerPool, owner: str) -> AsyncIterator[Sequence[Tool]]:
+    async def open(
+        self, workers: WorkerPool, owner: str, write: Callable[[EventData], object]
+    ) -> AsyncIterator[Sequence[Tool]]:
         self.events.append(f"open {bool(owner)}")
         executor = ToolExecutor(workers, ToolRegistry([hidden_echo]))
 

@@ -53,6 +53,7 @@ from andon.session import (
     LlmRequest,
     LlmRetry,
     MaxTokens,
+    McpServerEvent,
     Record,
     SessionRepaired,
     SessionResumed,
@@ -481,6 +482,7 @@ class TextOutput(Output):
                 | ToolSignal()  # said on stderr by feed
                 | ContextTrimmed()
                 | ContextCompacted()
+                | McpServerEvent()  # the warning of a server that did not start is on stderr
                 | Unrecognized()
             ):
                 pass

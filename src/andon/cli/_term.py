@@ -61,6 +61,7 @@ from andon.session import (
     InboxSpliced,
     LlmRequest,
     LlmRetry,
+    McpServerEvent,
     Record,
     SessionRepaired,
     SessionResumed,
@@ -254,6 +255,7 @@ class TermOutput(Output):
                 | ToolSignal()  # shown by feed (see _stopping_stage)
                 | ContextTrimmed()
                 | ContextCompacted()
+                | McpServerEvent()  # the warning of a server that did not start is on stderr
                 | Unrecognized()
             ):
                 pass

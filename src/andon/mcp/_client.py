@@ -116,6 +116,17 @@ class McpServerConfig:
 
 @final
 @dataclass(frozen=True)
+class ServerInfo:
+    """What a server says of itself when it starts (``initialize``): its own name and version,
+    and its capabilities as JSON."""
+
+    name: str | None
+    version: str | None
+    capabilities: Mapping[str, Any]
+
+
+@final
+@dataclass(frozen=True)
 class McpTool:
     name: str
     description: str
@@ -272,7 +283,14 @@ class _Connection:
         if not ready.done():
             raise McpError(await self.why_ended("before its session began"))
         self.session = ready.result()
-        await self._bounded(self.session.initialize(), "initialize")
+        init = await self._bounded(self.session.initialize(), "initialize")
+        info = getattr(init, "server_info", None)
+        capabilities = getattr(init, "capabilities", None)
+        self.server.info = ServerInfo(
+            getattr(info, "name", None),
+            getattr(info, "version", None),
+            capabilities.model_dump(by_alias=True, exclude_none=True) if capabilities else {},
+        )
         listed = await self._bounded(self.session.list_tools(), "tools/list")
         return [
             McpTool(t.name, t.description or "", dict(t.input_schema or {})) for t in listed.tools
@@ -476,6 +494,8 @@ class McpServer:
         self.executor = executor
         self.owner = owner
         self.tools: list[McpTool] = []
+        self.info: ServerInfo | None = None
+        """What the server said of itself in its last ``initialize``."""
         self.disabled: str | None = None
         """Why the server will not be started again (it failed to start too often), or None."""
         self.start_deadline = 0.0

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, final
 
@@ -25,7 +25,7 @@ from andon.fleet import WorkerPool
 from andon.mcp._client import McpError, McpServer, McpServerConfig, McpTool
 from andon.mcp._host_tool import MCP_HOST
 from andon.protocol import ErrorInfo
-from andon.session import ToolOutput
+from andon.session import EventData, McpServerEvent, ToolOutput
 from andon.supervisor import ToolExecutor, ToolOutcome
 from andon.workers import Tool, ToolRegistry
 
@@ -70,7 +70,9 @@ class McpServers:
         return [MCP_HOST]
 
     @contextlib.asynccontextmanager
-    async def open(self, workers: WorkerPool, owner: str) -> AsyncIterator[Sequence[Tool]]:
+    async def open(
+        self, workers: WorkerPool, owner: str, write: Callable[[EventData], object]
+    ) -> AsyncIterator[Sequence[Tool]]:
         # No default timeout: a host call lasts as long as its server.
         executor = ToolExecutor(workers, ToolRegistry([MCP_HOST]))
         servers = [McpServer(c.config, executor, owner=owner) for c in self.choices]
@@ -79,14 +81,29 @@ class McpServers:
             offered: list[Tool] = []
             for choice, server, found in zip(self.choices, servers, started, strict=True):
                 name = choice.config.name
+                command = tuple(choice.config.command)
                 if isinstance(found, McpError):
                     self.failed[name] = str(found)
                     _log.warning("MCP server %r did not start: %s", name, found)
+                    write(McpServerEvent(name, command, "failed", reason=str(found)))
                     continue
                 if isinstance(found, BaseException):
                     raise found
                 self.servers[name] = server
-                offered.extend(_offered(choice, server, found))
+                tools = _offered(choice, server, found)
+                offered.extend(tools)
+                info = server.info
+                write(
+                    McpServerEvent(
+                        name,
+                        command,
+                        "started",
+                        tuple(t.name for t in tools),
+                        server_name=info.name if info else None,
+                        server_version=info.version if info else None,
+                        capabilities=dict(info.capabilities) if info else None,
+                    )
+                )
             yield offered
         finally:
             await asyncio.gather(*(s.aclose() for s in servers), return_exceptions=True)

@@ -45,6 +45,7 @@ from andon.session._records import (
     InboxSpliced,
     LlmRequest,
     LlmRetry,
+    McpServerEvent,
     Record,
     SessionRepaired,
     SessionResumed,
@@ -143,7 +144,7 @@ class _Checker:
         match data:
             case SessionStart() | SessionResumed() | SessionRepaired():
                 self._session_record(r)
-            case InboxSpliced() | Unrecognized():
+            case InboxSpliced() | McpServerEvent() | Unrecognized():
                 pass
             case TurnStart(turn=n):
                 self._turn_start(seq, n)

@@ -24,6 +24,7 @@ from andon.session._records import (
     InboxSpliced,
     LlmRequest,
     LlmRetry,
+    McpServerEvent,
     Record,
     SessionRepaired,
     SessionResumed,
@@ -198,6 +199,7 @@ def history_entries(events: Events) -> list[tuple[int, dict[str, Any]]]:
                 | ToolCall()
                 | ToolStarted()
                 | ToolSignal()
+                | McpServerEvent()
                 | Unrecognized()
             ):
                 pass
@@ -306,6 +308,7 @@ class ConsumedFold:
                 | ToolResult()
                 | ContextTrimmed()
                 | ContextCompacted()
+                | McpServerEvent()
                 | Unrecognized()
             ):
                 pass
@@ -440,6 +443,7 @@ class StateFold:
                 | ToolResult()
                 | ContextTrimmed()
                 | ContextCompacted()
+                | McpServerEvent()
                 | Unrecognized()
             ):
                 pass

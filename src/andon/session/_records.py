@@ -36,7 +36,7 @@ from andon.session._events import (
     TurnStart,
     UserMessageEntered,
 )
-from andon.session._tool_events import ToolCall, ToolResult, ToolSignal, ToolStarted
+from andon.session._tool_events import McpServerEvent, ToolCall, ToolResult, ToolSignal, ToolStarted
 from andon.session._values import OMIT, LogValue, RecordData
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "InboxSpliced",
     "LlmRequest",
     "LlmRetry",
+    "McpServerEvent",
     "Record",
     "SessionRepaired",
     "SessionResumed",
@@ -108,6 +109,7 @@ EventData: TypeAlias = (
     | ToolResult
     | ContextTrimmed
     | ContextCompacted
+    | McpServerEvent
     | Unrecognized
 )
 
@@ -131,6 +133,7 @@ _KNOWN: tuple[type[RecordData], ...] = (
     ToolResult,
     ContextTrimmed,
     ContextCompacted,
+    McpServerEvent,
 )
 _CLASSES: dict[str, type[RecordData]] = {c.record_type: c for c in _KNOWN}
 

@@ -30,6 +30,7 @@ from andon.session._records import (
     InboxSpliced,
     LlmRequest,
     LlmRetry,
+    McpServerEvent,
     Record,
     SessionRepaired,
     SessionResumed,
@@ -200,6 +201,7 @@ class Tail:
                 | ToolSignal()
                 | ContextTrimmed()
                 | ContextCompacted()
+                | McpServerEvent()
                 | Unrecognized()
             ):
                 pass

@@ -1,4 +1,5 @@
-"""The data of the tool records: ``tool/call``, ``tool/started``, ``tool/signal``, ``tool/result``.
+"""The data of the tool records: ``tool/call``, ``tool/started``, ``tool/signal``, ``tool/result``,
+and ``mcp/server`` (a session's tool server).
 
 Written by the executor (and ``tool/result`` also by crash repair); their JSON:
 docs/log-format.md, Tool calls.
@@ -6,13 +7,14 @@ docs/log-format.md, Tool calls.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, final
+from typing import Annotated, Any, ClassVar, Literal, final
 
 from andon.base import Containment, EndedBy, SignalStage
-from andon.session._values import OMIT, PID, CallData, ExitStatus, ToolErrorInfo
+from andon.session._values import OMIT, PID, CallData, ExitStatus, RecordData, ToolErrorInfo
 
-__all__ = ["ToolCall", "ToolResult", "ToolSignal", "ToolStarted"]
+__all__ = ["McpServerEvent", "ToolCall", "ToolResult", "ToolSignal", "ToolStarted"]
 
 
 @final
@@ -85,4 +87,32 @@ class ToolResult(CallData, record_type="tool/result"):
         "output_bytes",
         "output_file",
         "duration",
+    )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class McpServerEvent(RecordData, record_type="mcp/server"):
+    """``mcp/server``: an MCP server the session started with it (``state`` ``started``: what it
+    said of itself, and the tools of it offered to the model as ``NAME__tool``), or could not
+    start (``failed``, with ``reason``). Written ignorable, between turns, once the session opens
+    (docs/log-format.md, MCP servers): an andon that does not know it skips it."""
+
+    name: str
+    command: tuple[str, ...]
+    state: Literal["started", "failed"]
+    tools: tuple[str, ...] = ()
+    server_name: Annotated[str | None, OMIT] = None
+    server_version: Annotated[str | None, OMIT] = None
+    capabilities: Annotated[Mapping[str, Any] | None, OMIT] = None
+    reason: Annotated[str | None, OMIT] = None
+    json_keys: ClassVar = (
+        "name",
+        "command",
+        "state",
+        "server_name",
+        "server_version",
+        "capabilities",
+        "tools",
+        "reason",
     )

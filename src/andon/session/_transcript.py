@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time as _time
 from collections.abc import Iterable, Mapping
 from typing import Any, assert_never
@@ -18,6 +19,7 @@ from andon.session._records import (
     InboxSpliced,
     LlmRequest,
     LlmRetry,
+    McpServerEvent,
     Record,
     SessionRepaired,
     SessionResumed,
@@ -179,6 +181,8 @@ class _Render:
                     f"tokens of a {data.window}-token window)"
                 )
                 self.lines.extend(_indent(data.summary, f"{pad}  summary: "))
+            case McpServerEvent():
+                self.add(_server_line(data))
             case Unrecognized(record_type=record_type):
                 self.add(f"    ({record_type}: a record of a newer andon, skipped)")
             case _:
@@ -268,3 +272,14 @@ def render_transcript(events: Iterable[AgentEvent | Mapping[str, Any]]) -> str:
     for record in as_records(without_live_only(events)):  # an ``andon run --json`` file's lines too
         render.feed(record)
     return render.finish()
+
+
+def _server_line(data: McpServerEvent) -> str:
+    """One line for an ``mcp/server`` record (``andon log``, and the run's own output)."""
+    command = shlex.join(data.command)
+    if data.state == "failed":
+        return f"MCP server {data.name} ({command}) did not start: {data.reason or 'no reason'}"
+    said = " ".join(p for p in (data.server_name, data.server_version) if p)
+    who = f" ({said})" if said else ""
+    offered = plural(len(data.tools), "tool")
+    return f"MCP server {data.name}{who} started: {offered} offered ({command})"

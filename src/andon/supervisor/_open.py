@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Final
@@ -26,6 +26,7 @@ from andon.fleet import WorkerLauncher, WorkerPool, WorkerPoolConfig
 from andon.llm import API_KEY_ENV_VARS, Model
 from andon.session import (
     FORMAT_VERSION,
+    EventData,
     ModelInfo,
     Record,
     SessionLog,
@@ -74,6 +75,7 @@ async def _open_providers(
     workers: WorkerPool,
     registry: ToolRegistry,
     owner: str,
+    write: Callable[[EventData], object],
 ) -> ToolRegistry:
     """Open each provider on the stack (closed in reverse, before the pool) and return the
     registry with their tools added; a name offered twice is a ``ConfigError``."""
@@ -88,7 +90,7 @@ async def _open_providers(
             )
     offered = list(registry)
     for provider in providers:
-        for tool in await stack.enter_async_context(provider.open(workers, owner)):
+        for tool in await stack.enter_async_context(provider.open(workers, owner, write)):
             if tool.name in {t.name for t in offered}:
                 raise ConfigError(f"the tool name {tool.name!r} is offered twice")
             offered.append(tool)
@@ -229,7 +231,9 @@ async def open_agent(
                 (r.data.session_id for r in (*loaded, first) if isinstance(r.data, SessionStart)),
                 "",
             )
-            registry = await _open_providers(stack, providers, workers, registry, owner)
+            registry = await _open_providers(
+                stack, providers, workers, registry, owner, lambda d: log.append(d, ignorable=True)
+            )
             executor = ToolExecutor(
                 workers,
                 registry,

@@ -5,11 +5,12 @@ the agent lives (docs/tools.md, MCP servers)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from andon.fleet import WorkerPool
+from andon.session import EventData
 from andon.workers import Tool
 
 __all__ = ["ToolProvider"]
@@ -23,8 +24,12 @@ class ToolProvider(Protocol):
         """Tools the pool's workers must hold for this provider; the model never sees them."""
         ...
 
-    def open(self, workers: WorkerPool, owner: str) -> AbstractAsyncContextManager[Sequence[Tool]]:
+    def open(
+        self, workers: WorkerPool, owner: str, write: Callable[[EventData], object]
+    ) -> AbstractAsyncContextManager[Sequence[Tool]]:
         """Start what the provider needs on ``workers`` (its calls tagged with ``owner``, the
         session's id) and yield the tools it offers; leaving the block stops all of it. Opened
-        after the pool starts and closed, after the agent is disposed, before the pool stops."""
+        after the pool starts and closed, after the agent is disposed, before the pool stops.
+        ``write`` appends a record to the session's log, marked ignorable (an andon that does
+        not know its type skips it): what the provider started, for the log to tell."""
         ...
