@@ -190,3 +190,16 @@ def test_sigint_with_three_servers_exits_130_within_the_grace_bound_leaving_none
     assert result["ended_by"] == "kill", result  # deaf to the cancel, SIGINT and SIGTERM
     assert all(leftovers(entry, timeout=0.5) == [] for entry in entries)
     assert_balanced(tmp_path / "s")
+
+
+def test_a_server_of_a_thousand_tools_is_one_line_and_a_usable_session(tmp_path: Path) -> None:
+    model = script(tmp_path / "s.json", _calls(("many__echo", {"text": "fine"})))
+    done = run(
+        *("run", "--model", model, "--session", "s", "--mcp", _fake("many", "many"), "go"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "offers 1006 tools; only 100 are offered" in done.stderr, done.stderr
+    assert "fine" in _results(tmp_path / "s")[0]["content"]
+    (server,) = [r["data"] for r in records(tmp_path / "s") if r["type"] == "mcp/server"]
+    assert len(server["tools"]) == 100

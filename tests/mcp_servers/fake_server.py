@@ -5,7 +5,7 @@ Modes: ``ok`` (answers; ``slow`` sends progress, then stops at ``notifications/c
 without answering, as the protocol asks), ``deaf`` (``slow`` blocks the server; SIGINT ignored,
 so SIGTERM ends it), ``deaf-hard`` (also SIGTERM ignored: only SIGKILL ends it), ``exit`` (exits 3
 at once, saying why on stderr), ``silent`` (never answers), ``garbage`` (answers initialize with
-a line that is not JSON).
+a line that is not JSON), ``many`` (as ``ok``, listing a thousand tools more).
 """
 
 from __future__ import annotations
@@ -85,7 +85,17 @@ def main() -> None:
                 }
             )
         elif method == "tools/list":
-            send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": TOOLS}})
+            tools = TOOLS
+            if MODE == "many":  # a thousand tools, beside the usual ones
+                tools = TOOLS + [
+                    {
+                        "name": f"t{n:04}",
+                        "description": f"Tool {n}.",
+                        "inputSchema": {"type": "object"},
+                    }
+                    for n in range(1000)
+                ]
+            send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}})
         elif method == "ping":
             send({"jsonrpc": "2.0", "id": request_id, "result": {}})
         elif method == "notifications/cancelled":
@@ -113,7 +123,7 @@ def main() -> None:
                             "params": {"progressToken": token, "progress": 1, "total": 10},
                         }
                     )
-                if MODE != "ok":
+                if MODE not in ("ok", "many"):
                     block_forever()
                 pending.add(request_id)
             else:

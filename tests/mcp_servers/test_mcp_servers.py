@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import sys
 
 import pytest
@@ -215,3 +216,40 @@ async def test_the_reference_server_reports_progress_takes_a_cancel_and_answers_
         echoed = await server.call("echo", {"message": "after"}, AbortController().signal)
         assert echoed.content == "Echo: after"
         assert not echoed.is_error
+
+
+@pytest.mark.timeout(300)
+async def test_the_long_operation_cancelled_at_twenty_seeded_moments(
+    everything: tuple[str, ...],
+) -> None:
+    # Moments: before the call starts (an aborted signal), as it starts (before its request is
+    # written: no await between), and at a seeded moment of its progress. Every call is answered,
+    # within the ladder, and the server (or a fresh one) answers the next call.
+    rng = random.Random(38)
+    config = McpServerConfig("everything", everything, term_after=30, kill_after=5)
+    async with executor() as ex, McpServer(config, ex) as server:
+        ended: list[str] = []
+        for trial in range(20):
+            stop = AbortController()
+            moment = ("before", "at-start", "mid-progress")[trial % 3]
+            if moment == "before":
+                stop.abort(User())
+            lines = Lines()
+            arguments = {"duration": 30, "steps": 300}
+            task = asyncio.ensure_future(
+                server.call("trigger-long-running-operation", arguments, stop.signal, lines)
+            )
+            if moment == "at-start":
+                stop.abort(User())
+            elif moment == "mid-progress":
+                await lines.wait_for("progress 1/300")
+                await asyncio.sleep(rng.uniform(0, 0.3))  # sleep-ok: a seeded moment to stop at
+                stop.abort(User())
+            outcome = await asyncio.wait_for(task, 60)
+            assert outcome.ended_by in ("interrupt", "term", "kill"), (trial, moment, outcome)
+            assert outcome.is_error, (trial, moment, outcome)
+            ended.append(outcome.ended_by)
+            echoed = await server.call("echo", {"message": str(trial)}, AbortController().signal)
+            assert echoed.content == f"Echo: {trial}", (trial, moment, echoed)
+        # A server that takes the cancel is never killed for it.
+        assert set(ended) == {"interrupt"}, ended

@@ -29,12 +29,17 @@ from andon.session import EventData, McpServerEvent, ToolOutput
 from andon.supervisor import ToolExecutor, ToolOutcome
 from andon.workers import Tool, ToolRegistry
 
-__all__ = ["SEPARATOR", "McpServers", "ServerChoice"]
+__all__ = ["MAX_OFFERED", "SEPARATOR", "McpServers", "ServerChoice"]
 
 SEPARATOR: Final = "__"
 """Between a server's name and its tool's in the name the model sees: ``time__get_current_time``."""
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What the model APIs accept as a tool name."""
+MAX_OFFERED: Final = 100
+"""The most MCP tools a session offers, over all its servers. Model APIs take a bounded number of
+tools per request (OpenAI's: 128), and every schema costs context on every request; the built-in
+and Python tools keep the rest. A server that lists more is offered its first ones, in its
+order, with one warning line saying how to choose (``enabled_tools``)."""
 
 _log = logging.getLogger("andon.mcp")
 
@@ -91,6 +96,17 @@ class McpServers:
                     raise found
                 self.servers[name] = server
                 tools = _offered(choice, server, found)
+                room = MAX_OFFERED - len(offered)
+                if len(tools) > room:
+                    _log.warning(
+                        "MCP server %r offers %d tools; only %d are offered to the model (at "
+                        "most %d MCP tools per session): choose them with enabled_tools",
+                        name,
+                        len(tools),
+                        max(room, 0),
+                        MAX_OFFERED,
+                    )
+                    tools = tools[: max(room, 0)]
                 offered.extend(tools)
                 info = server.info
                 write(
