@@ -7,14 +7,19 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from andon import procs
 from andon.base import call_tag
 from tests.cli.support import assert_balanced, finish, read_until, records, run, script, start
+from tests.mcp_servers.everything import command as everything_command
+from tests.mcp_servers.everything import filesystem_command
 from tests.mcp_servers.support import FAKE, console_script
 from tests.support import leftovers
 
@@ -203,3 +208,44 @@ def test_a_server_of_a_thousand_tools_is_one_line_and_a_usable_session(tmp_path:
     assert "fine" in _results(tmp_path / "s")[0]["content"]
     (server,) = [r["data"] for r in records(tmp_path / "s") if r["type"] == "mcp/server"]
     assert len(server["tools"]) == 100
+
+
+@pytest.mark.timeout(300)  # the first use may install the npm servers (bounded at 180 s each)
+def test_tools_of_the_four_reference_servers_in_one_session(tmp_path: Path) -> None:
+    everything = everything_command()
+    if isinstance(everything, str):
+        pytest.skip(f"no @modelcontextprotocol/server-everything: {everything}")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("built on Monday\n")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    files = filesystem_command(str(project))
+    if isinstance(files, str):
+        pytest.skip(f"no @modelcontextprotocol/server-filesystem: {files}")
+    model = script(
+        tmp_path / "s.json",
+        _calls(
+            ("time__get_current_time", {"timezone": "UTC"}),
+            ("everything__echo", {"message": "from everything"}),
+            ("files__read_text_file", {"path": str(project / "notes.txt")}),
+            ("git__git_status", {"repo_path": str(project)}),
+        ),
+    )
+    done = run(
+        *("run", "--model", model, "--session", "s"),
+        *("--mcp", f"time={console_script('mcp-server-time')}"),
+        *("--mcp", f"everything={shlex.join(everything)}"),
+        *("--mcp", f"files={shlex.join(files)}"),
+        *("--mcp", f"git={console_script('mcp-server-git')}"),
+        "go",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    now, echo, notes, status = _results(tmp_path / "s")
+    assert '"timezone": "UTC"' in now["content"], now
+    assert echo["content"] == "Echo: from everything", echo
+    assert notes["content"].strip() == "built on Monday", notes
+    assert "notes.txt" in status["content"] and not status["is_error"], status
+    servers = [r["data"]["name"] for r in records(tmp_path / "s") if r["type"] == "mcp/server"]
+    assert servers == ["time", "everything", "files", "git"]
+    assert_balanced(tmp_path / "s")  # and nothing is left: the conftest checks by tag
