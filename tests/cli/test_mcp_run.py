@@ -4,6 +4,7 @@ server from PyPI and a small server of the tests' own)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -99,18 +100,29 @@ def test_sigint_during_a_call_to_a_deaf_server_stops_it_on_the_grace_timeline(
     assert_balanced(tmp_path / "s")
 
 
-def test_a_server_that_cannot_start_is_one_line_and_the_session_goes_on(tmp_path: Path) -> None:
-    model = script(tmp_path / "s.json", _calls(("bash", {"command": "echo still here"})))
-    done = run(
-        *("run", "--model", model, "--session", "s"),
-        *("--mcp", _fake("broken", "exit")),
-        "go",
-        cwd=tmp_path,
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("exit", "exit status 3"),
+        ("garbage", "JSON"),
+        ("silent", "initialize"),
+    ],
+)
+def test_a_server_that_cannot_start_is_one_line_and_the_session_goes_on(
+    tmp_path: Path, mode: str, why: str
+) -> None:
+    # (silent: it never answers initialize; its startup_timeout comes from andon.toml.)
+    (tmp_path / "andon.toml").write_text(
+        f"[mcp.servers.broken]\ncommand = {json.dumps(sys.executable)}\n"
+        f"args = [{json.dumps(FAKE)}, {json.dumps(mode)}]\nstartup_timeout = 3\n"
     )
+    model = script(tmp_path / "s.json", _calls(("bash", {"command": "echo still here"})))
+    done = run("run", "--model", model, "--session", "s", "go", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "MCP server 'broken' did not start" in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "MCP server 'broken'" in line]
+    assert len(lines) == 1 and "did not start" in lines[0], done.stderr
     (failed,) = [r["data"] for r in records(tmp_path / "s") if r["type"] == "mcp/server"]
-    assert failed["state"] == "failed" and "exit status 3" in failed["reason"], failed
+    assert failed["state"] == "failed" and why in failed["reason"], failed
     assert "Traceback" not in done.stderr
     assert _results(tmp_path / "s")[0]["content"].startswith("still here")
 

@@ -454,6 +454,10 @@ class _Connection:
             outcome = await self.host_outcome()
         self._end("was closed")
         self._stop_session.set()
+        # The streams first: the transport's loops end at once on a closed stream, where they
+        # would otherwise wait out their second each (a server gone has nothing more to say).
+        for stream in self._streams:
+            stream.close()
         for task in self._tasks:
             if not task.done():
                 with contextlib.suppress(asyncio.TimeoutError, BaseException):
@@ -464,8 +468,6 @@ class _Connection:
                     await task
             elif not task.cancelled():
                 task.exception()  # retrieved: a loop that failed as the server went is no news
-        for stream in self._streams:
-            stream.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         return outcome
 
