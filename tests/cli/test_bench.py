@@ -68,6 +68,10 @@ def test_dispatch_runs_with_tcp_and_container_rows(capsys: pytest.CaptureFixture
     assert data["noop_cpu_per_call"] == noop["cpu"]
     assert set(data["cpu_per_call_by_workers"]) == {"1", "2", "4"}
     assert all(cpu > 0 for cpu in data["cpu_per_call_by_workers"].values())
+    # An MCP call beside the server's own round trip (the test extra installs the SDK).
+    assert data["mcp"] == "measured"
+    assert data["round_trip"]["MCP echo call through andon"]["n"] >= 5
+    assert data["round_trip"]["MCP echo: the server's own round trip (floor)"]["n"] >= 5
     remote = data["remote"]
     assert remote["raw zmq round trip, tcp + CURVE loopback (floor)"]["n"] >= 5
     assert remote["bash -c true through a tcp + CURVE worker"]["n"] >= 5

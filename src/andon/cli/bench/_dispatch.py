@@ -11,6 +11,7 @@ reaped: call processes, ``bash``, spares), read from the kernel's own accounting
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
 import subprocess
@@ -164,6 +165,69 @@ async def _throughput(
         return calls / elapsed, (pool_cpu(pool) - before) / calls
 
 
+_ECHO = str(Path(__file__).with_name("_mcp_echo.py"))
+
+
+def bare_mcp_round_trips(n: int) -> tuple[list[float], float]:
+    """The MCP row's floor: the same echo server, started bare, called over its own pipes by a
+    client that writes a ``tools/call`` line and reads the answer's line (after 5 untimed); the
+    round trips and the CPU seconds per call (this process and the server)."""
+    server = subprocess.Popen(
+        [sys.executable, _ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+    )
+    assert server.stdin is not None and server.stdout is not None
+    times, before = [], 0.0
+    try:
+        for i in range(n + 5):
+            if i == 5:
+                before = time.process_time() + procs.cpu_time(server.pid, reaped=False)
+            request = {
+                "jsonrpc": "2.0",
+                "id": i,
+                "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"text": "x"}},
+            }
+            t = time.perf_counter()
+            server.stdin.write(json.dumps(request).encode() + b"\n")
+            server.stdout.readline()
+            if i >= 5:
+                times.append(time.perf_counter() - t)
+        cpu = time.process_time() + procs.cpu_time(server.pid, reaped=False) - before
+    finally:
+        server.stdin.close()
+        server.wait()
+        server.stdout.close()
+    return times, cpu / n
+
+
+async def mcp_round_trips(n: int) -> tuple[list[float], float] | str:
+    """An MCP ``echo`` call through andon: the same server under a worker's containment, the
+    official SDK's client over the host's socket (docs/tools.md, MCP servers); the round trips
+    and the CPU seconds per call of andon's side (supervisor and worker, not the server). A
+    reason instead where the SDK is not installed."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        return "the MCP SDK is not installed (pip install 'andon[mcp]')"
+    from andon.mcp import MCP_HOST, McpServer, McpServerConfig
+
+    registry = ToolRegistry([MCP_HOST])
+    async with WorkerPool(WorkerPoolConfig(size=1), registry) as pool:
+        executor = ToolExecutor(pool, registry)
+        server = McpServer(McpServerConfig("bench", (sys.executable, _ECHO)), executor)
+        async with server:
+            await server.start()
+            times, before = [], 0.0
+            for i in range(n + 5):
+                if i == 5:
+                    before = pool_cpu(pool)
+                t = time.perf_counter()
+                await server.call("echo", {"text": "x"}, AbortController().signal)
+                if i >= 5:
+                    times.append(time.perf_counter() - t)
+            return times, (pool_cpu(pool) - before) / n
+
+
 async def run_dispatch(runs: int, progress: Any) -> tuple[dict[str, Any], str]:
     from ._tools import noop
 
@@ -201,6 +265,8 @@ async def run_dispatch(runs: int, progress: Any) -> tuple[dict[str, Any], str]:
         spawn_cpu = (own_cpu() - before) / n
         progress("dispatch", 3, 4)
         measured = {size: await _throughput(registry, size, n, tmp) for size in (1, 2, 4)}
+        mcp_bare = bare_mcp_round_trips(n)
+        mcp_found = await mcp_round_trips(n)
     rates = {size: rate for size, (rate, _) in measured.items()}
     cpu = {
         "raw zmq.asyncio round trip (floor)": raw_cpu,
@@ -223,7 +289,12 @@ async def run_dispatch(runs: int, progress: Any) -> tuple[dict[str, Any], str]:
         "no-op Python tool through the pool": summary(noop_rt),
         "bash -c true through the pool": summary(bash_rt),
         "subprocess.run(['true'])": summary(spawn),
+        "MCP echo: the server's own round trip (floor)": summary(mcp_bare[0]),
     }
+    cpu["MCP echo: the server's own round trip (floor)"] = mcp_bare[1]
+    if not isinstance(mcp_found, str):
+        rows["MCP echo call through andon"] = summary(mcp_found[0])
+        cpu["MCP echo call through andon"] = mcp_found[1]
     noop_p50 = rows["no-op Python tool through the pool"]["p50"]
     ratio = noop_p50 / rows["raw zmq.asyncio round trip (floor)"]["p50"]
     floor_sum = (
@@ -239,6 +310,7 @@ async def run_dispatch(runs: int, progress: Any) -> tuple[dict[str, Any], str]:
         "noop_cpu_per_call": noop_cpu,
         "calls_per_second": {str(k): v for k, v in rates.items()},
         "cpu_per_call_by_workers": {str(k): c for k, (_, c) in measured.items()},
+        "mcp": mcp_found if isinstance(mcp_found, str) else "measured",
     }
     text = "\n".join(
         [
@@ -258,6 +330,20 @@ async def run_dispatch(runs: int, progress: Any) -> tuple[dict[str, Any], str]:
                 f"{k} worker(s) {rate:.0f} ({ms(c)} ms CPU per call)"
                 for k, (rate, c) in measured.items()
             ),
+            _mcp_line(rows, mcp_found),
         ]
     )
     return data, text
+
+
+def _mcp_line(rows: dict[str, Any], found: Any) -> str:
+    if isinstance(found, str):
+        return f"MCP: not measured: {found}"
+    through = rows["MCP echo call through andon"]["p50"]
+    bare = rows["MCP echo: the server's own round trip (floor)"]["p50"]
+    bash = rows["bash -c true through the pool"]["p50"]
+    return (
+        f"MCP echo through andon at p50: {ms(through)} ms, {through / bare:.1f}x the server's own "
+        f"round trip, +{ms(through - bare)} ms over it; a bash call: {ms(bash)} ms (cpu: andon's "
+        "side only, the server's own CPU is not in it)"
+    )
