@@ -40,6 +40,21 @@ def _fake(name: str, mode: str) -> str:
     return f"{name}={shlex.join([sys.executable, FAKE, mode])}"
 
 
+def _slow_call(
+    tmp_path: Path, killer: list[Any], servers: list[str], *flags: str
+) -> tuple[subprocess.Popen[str], str]:
+    """``andon run --json`` with ``servers``, calling ``deaf__slow``; returned once the call's
+    progress shows, with the session's id."""
+    model = script(tmp_path / "s.json", _calls(("deaf__slow", {})))
+    mcp = [arg for server in servers for arg in ("--mcp", server)]
+    proc = start(
+        "run", "--json", *flags, "--model", model, "--session", "s", *mcp, "go", cwd=tmp_path
+    )
+    killer.append(proc)
+    read_until(proc, lambda e: e.get("type") == "tool/output")
+    return proc, records(tmp_path / "s")[0]["data"]["session_id"]
+
+
 def test_tools_of_two_servers_answer_in_one_session(tmp_path: Path) -> None:
     model = script(
         tmp_path / "s.json",
@@ -81,15 +96,7 @@ def test_tools_of_two_servers_answer_in_one_session(tmp_path: Path) -> None:
 def test_sigint_during_a_call_to_a_deaf_server_stops_it_on_the_grace_timeline(
     tmp_path: Path, killer: list[Any]
 ) -> None:
-    model = script(tmp_path / "s.json", _calls(("deaf__slow", {})))
-    proc = start(
-        *("run", "--json", "--grace", "0.5,1", "--model", model, "--session", "s"),
-        *("--mcp", _fake("deaf", "deaf")),
-        "go",
-        cwd=tmp_path,
-    )
-    killer.append(proc)
-    read_until(proc, lambda e: e.get("type") == "tool/output")  # the server's progress
+    proc, _ = _slow_call(tmp_path, killer, [_fake("deaf", "deaf")], "--grace", "0.5,1")
     os.kill(proc.pid, signal.SIGINT)
     code, _, err = finish(proc)
     assert code == 130, err
@@ -139,16 +146,7 @@ def test_a_wrong_mcp_flag_is_one_line_and_no_session(tmp_path: Path) -> None:
 def test_kill_9_of_andon_mid_call_leaves_no_server_and_the_log_is_repaired(
     tmp_path: Path, killer: list[Any]
 ) -> None:
-    model = script(tmp_path / "s.json", _calls(("deaf__slow", {})))
-    proc = start(
-        *("run", "--json", "--model", model, "--session", "s"),
-        *("--mcp", _fake("deaf", "deaf-hard")),
-        "go",
-        cwd=tmp_path,
-    )
-    killer.append(proc)
-    read_until(proc, lambda e: e.get("type") == "tool/output")
-    session_id = records(tmp_path / "s")[0]["data"]["session_id"]
+    proc, session_id = _slow_call(tmp_path, killer, [_fake("deaf", "deaf-hard")])
     entry = procs.tag_entry(call_tag(session_id, "mcp-deaf-1"))
     assert procs.tagged(entry), "the server and its host carry the host call's tag"
     os.kill(proc.pid, signal.SIGKILL)
@@ -180,18 +178,10 @@ def test_a_server_killed_mid_call_gives_an_honest_error_and_is_started_again(
 def test_sigint_with_three_servers_exits_130_within_the_grace_bound_leaving_none(
     tmp_path: Path, killer: list[Any]
 ) -> None:
-    model = script(tmp_path / "s.json", _calls(("deaf__slow", {})))
-    proc = start(
-        *("run", "--json", "--grace", "1,1", "--model", model, "--session", "s"),
-        *("--mcp", f"time={console_script('mcp-server-time')}"),
-        *("--mcp", _fake("ok", "ok")),
-        *("--mcp", _fake("deaf", "deaf-hard")),
-        "go",
-        cwd=tmp_path,
+    servers = [f"time={console_script('mcp-server-time')}", _fake("ok", "ok")]
+    proc, session_id = _slow_call(
+        tmp_path, killer, [*servers, _fake("deaf", "deaf-hard")], "--grace", "1,1"
     )
-    killer.append(proc)
-    read_until(proc, lambda e: e.get("type") == "tool/output")
-    session_id = records(tmp_path / "s")[0]["data"]["session_id"]
     entries = [
         procs.tag_entry(call_tag(session_id, f"mcp-{name}-1")) for name in ("time", "ok", "deaf")
     ]
