@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import sys
 
 import pytest
@@ -123,6 +124,19 @@ async def test_a_server_that_dies_mid_call_answers_that_call_and_restarts() -> N
         assert "exit status 5" in outcome.content, outcome
         echoed = await server.call("echo", {"text": "back"}, AbortController().signal)
         assert echoed.content == "back"
+
+
+async def test_kill_9_of_the_server_mid_call_answers_that_call_and_restarts() -> None:
+    async with executor() as ex, McpServer(fake("deaf", term_after=30), ex) as server:
+        pid = await _pid(server)
+        lines = Lines()
+        task = asyncio.ensure_future(server.call("slow", {}, AbortController().signal, lines))
+        await lines.wait_for("progress 1/10")  # the call is under way in the server
+        os.kill(pid, signal.SIGKILL)
+        outcome = await asyncio.wait_for(task, 30)
+        assert outcome.is_error and outcome.ended_by == "exit", outcome
+        assert "signal 9" in outcome.content or "SIGKILL" in outcome.content, outcome
+        assert await _pid(server) != pid  # a fresh server answers the next call
 
 
 async def test_a_server_that_exits_at_start_is_disabled_after_three_tries() -> None:

@@ -152,9 +152,13 @@ def main(argv: list[str]) -> int:
     out.join(timeout=2.0)
     sys.stdout.flush()
     if code < 0:
-        # Die of the same signal, so the call's end says what ended the server.
-        signal.signal(-code, signal.SIG_DFL)
-        signal.raise_signal(-code)
+        # Die of the same signal, so the call's end says what ended the server. (SIGKILL and
+        # SIGSTOP take no handler: setting one raises; their default is all there is.)
+        sig = -code
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.raise_signal(sig)
+        return 128 + sig  # a signal whose default is to be ignored: say it as a shell would
     return code
 
 
