@@ -154,11 +154,11 @@ def main(argv: list[str]) -> int:
     if code < 0:
         # Die of the same signal, so the call's end says what ended the server. (SIGKILL and
         # SIGSTOP take no handler: setting one raises; their default is all there is.)
-        sig = -code
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.raise_signal(sig)
-        return 128 + sig  # a signal whose default is to be ignored: say it as a shell would
+        died_of = -code
+        if died_of not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(died_of, signal.SIG_DFL)
+        signal.raise_signal(died_of)
+        return 128 + died_of  # a signal whose default is to be ignored: say it as a shell would
     return code
 
 
