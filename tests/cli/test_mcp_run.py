@@ -248,6 +248,11 @@ def test_tools_of_the_four_reference_servers_in_one_session(tmp_path: Path) -> N
     assert echo["content"] == "Echo: from everything", echo
     assert notes["content"].strip() == "built on Monday", notes
     assert "notes.txt" in status["content"] and not status["is_error"], status
-    servers = [r["data"]["name"] for r in records(tmp_path / "s") if r["type"] == "mcp/server"]
+    logged = records(tmp_path / "s")
+    servers = [r["data"]["name"] for r in logged if r["type"] == "mcp/server"]
     assert servers == ["time", "everything", "files", "git"]
-    assert_balanced(tmp_path / "s")  # and nothing is left: the conftest checks by tag
+    assert_balanced(tmp_path / "s")
+    # Nothing of any server is left, found by the session's own tag of each host call.
+    session_id = logged[0]["data"]["session_id"]
+    for name in servers:
+        assert procs.tagged(procs.tag_entry(call_tag(session_id, f"mcp-{name}-1"))) == []
