@@ -66,9 +66,6 @@ class McpServers:
         if dup is not None:
             raise ConfigError(f"two MCP servers are named {dup!r}")
         self.choices = tuple(choices)
-        self.servers: dict[str, McpServer] = {}
-        self.failed: dict[str, str] = {}
-        """Servers that did not start, and why (each also a warning line)."""
 
     @property
     def worker_tools(self) -> Sequence[Tool]:
@@ -88,13 +85,11 @@ class McpServers:
                 name = choice.config.name
                 command = tuple(choice.config.command)
                 if isinstance(found, McpError):
-                    self.failed[name] = str(found)
                     _log.warning("MCP server %r did not start: %s", name, found)
                     write(McpServerEvent(name, command, "failed", reason=str(found)))
                     continue
                 if isinstance(found, BaseException):
                     raise found
-                self.servers[name] = server
                 tools = _offered(choice, server, found)
                 room = MAX_OFFERED - len(offered)
                 if len(tools) > room:

@@ -303,8 +303,16 @@ def repair_locked(folder: Path, *, clock: Clock, dry_run: bool, keep: Keep) -> _
 def _covered(reading: Reading) -> list[Record]:
     """The records the verified index covers, parsed for a caller that wants them all (the
     index's state already holds what they fold to, so they are not folded again)."""
+    return _up_to_index(reading, 0, 0)
+
+
+def _up_to_index(reading: Reading, start: int, line: int) -> list[Record]:
+    """The records from byte ``start`` (after ``line`` lines) to where the index ends, which the
+    stream did not read."""
     out: list[Record] = []
-    with RecordStream(reading.log, label=str(reading.folder)) as head:
+    if start >= reading.from_offset:
+        return out
+    with RecordStream(reading.log, label=str(reading.folder), start=start, start_line=line) as head:
         for record in head:
             out.append(record)
             if head.end_offset >= reading.from_offset:
@@ -337,19 +345,7 @@ def _history_head(reading: Reading) -> list[Record]:
     start, line = (cut.offset, cut.line) if cut is not None else (0, 0)
     before = [r for r in (reading.scan.first, history.first_user) if r is not None]
     out = [r for r in before if cut is not None and r.seq < cut.seq]
-    if start < reading.from_offset:
-        with RecordStream(
-            reading.log, label=str(reading.folder), start=start, start_line=line
-        ) as head:
-            for record in head:
-                out.append(record)
-                if head.end_offset >= reading.from_offset:
-                    break
-        if head.end_offset != reading.from_offset:  # cannot be: the bytes hashed the same
-            raise SessionError(
-                f"{reading.log} changed while it was read", session=str(reading.folder)
-            )
-    return out
+    return out + _up_to_index(reading, start, line)
 
 
 def _locked(session_dir: str | os.PathLike[str]) -> tuple[Path, SessionLock]:
