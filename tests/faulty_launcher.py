@@ -33,7 +33,7 @@ class FaultyLauncher(ForkserverLauncher):
         self.started: list[LaunchedWorker] = []
         self._programs = 0  # programs handed out: the next start's index
 
-    def worker_program(self) -> Callable[[WorkerOptions], None]:
+    def worker_program(self) -> Callable[[WorkerOptions], object]:
         n, self._programs = self._programs, self._programs + 1
         fault = self.faults[n] if n < len(self.faults) else self.then
         if fault is None:

@@ -72,7 +72,7 @@ def test_a_run_with_its_tools_in_a_container(
 @pytest.mark.parametrize(
     ("toml", "expected"),
     [
-        ('workers-in = "container:"\n', "workers-in must be 'local' or 'container:IMAGE'"),
+        ('workers-in = "container:"\n', "workers-in must be 'local', 'container:IMAGE'"),
         ("[containers]\nmounts = ['relative:/x']\n", "absolute paths"),
         ("[containers]\nulimits = { nofile = [2, 1] }\n", "SOFT <= HARD"),
         ("[containers]\nwhat = 1\n", "unknown key 'what'"),

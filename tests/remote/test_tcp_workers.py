@@ -29,7 +29,7 @@ from andon.fleet import (
 )
 from andon.protocol import load_public_keys, write_keys
 from andon.supervisor import ToolCallRequest, ToolExecutor
-from andon.workers import default
+from andon.workers import WORKER_REFUSED, default
 from tests.remote.conftest import Hosts, Refusals
 from tests.support import escapee_tree, procs_with_marker
 from tests.workers.support import start
@@ -143,11 +143,14 @@ async def test_a_worker_whose_key_is_not_allowed_is_refused_before_any_frame(
             assert outcome.content.startswith("still-mine")
             assert pool.statistics().error_replies == ()
         finally:
-            # The refused worker was never welcomed: it gives up by itself.
+            # The refused worker learns it from the handshake, says so and exits non-zero.
             code = await asyncio.to_thread(stranger.wait, 30)
             assert stranger.stderr is not None
+            said = stranger.stderr.read().decode()
             stranger.stderr.close()
-    assert code == 0
+    assert code == WORKER_REFUSED, said
+    (line,) = said.splitlines()
+    assert "refused this worker's key" in line and stranger_key.decode() in line, line
 
 
 class _Unreachable(CommandLauncher):

@@ -41,7 +41,7 @@ from andon.protocol import (
     load_public_keys,
 )
 from andon.supervisor import ToolCallRequest, ToolExecutor
-from andon.workers import default, tool
+from andon.workers import WORKER_REFUSED, default, tool
 from tests.remote.conftest import Refusals
 from tests.support import procs_with_marker
 from tests.workers.pytools import more_tools
@@ -97,11 +97,14 @@ def test_keys_generate_writes_a_pair_and_never_overwrites(tmp_path: Path) -> Non
     assert load_keys(secret) == keys
 
 
-def test_a_worker_nobody_welcomes_gives_up(tmp_path: Path) -> None:
+def test_a_worker_nobody_welcomes_gives_up_and_says_so(tmp_path: Path) -> None:
     done = _andon(
         "worker", "--connect", f"ipc://{tmp_path}/nobody.sock", "--welcome-timeout", "0.5"
     )
-    assert done.returncode == 0, done.stderr
+    err = done.stderr.decode()
+    assert done.returncode == WORKER_REFUSED, err
+    (line,) = err.splitlines()
+    assert "no welcome from the supervisor at ipc://" in line and "0.5s" in line, line
 
 
 def _local_launcher(**options: object) -> CommandLauncher:

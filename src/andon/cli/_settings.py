@@ -29,6 +29,7 @@ from andon.cli._mcp_config import (
     parse_mcp_table,
 )
 from andon.cli._prices import Price, parse_prices
+from andon.cli._remote import REMOTE, RemoteSettings, parse_remote
 from andon.cli._workers import CONTAINERS, ContainerSettings, parse_containers, workers_in
 
 __all__ = [
@@ -62,6 +63,7 @@ class Settings:
     progress_interval: float = 30.0  # liveness lines outside a terminal; 0: none
     prices: Mapping[str, Price] = field(default_factory=dict)  # andon.toml only: model -> price
     containers: ContainerSettings = field(default_factory=ContainerSettings)  # andon.toml only
+    remote: RemoteSettings = field(default_factory=RemoteSettings)  # andon.toml only
     project_instructions: bool = True  # AGENTS.md from the git root down to the cwd
     tools: tuple[str, ...] = ()  # MODULE:NAME of Python tools offered beside the built-in ones
     # The MCP servers the session starts: andon.toml's [mcp.servers.NAME], --mcp-config's file,
@@ -264,12 +266,15 @@ def _from_toml(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
         if key == CONTAINERS:
             tables["containers"] = parse_containers(value, path)
             continue
+        if key == REMOTE:
+            tables["remote"] = parse_remote(value, path)
+            continue
         if key == MCP:
             tables["mcp_servers"] = parse_mcp_table(value, path)
             continue
         name = key.replace("-", "_")
         if name not in _PARSERS:
-            known = ", ".join(sorted([*_PARSERS, _PRICES, CONTAINERS, MCP]))
+            known = ", ".join(sorted([*_PARSERS, _PRICES, CONTAINERS, REMOTE, MCP]))
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
@@ -412,7 +417,8 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
     p.add_argument(
         "--workers-in",
         metavar="WHERE",
-        help="where tools run: local (default) or container:IMAGE (see [containers] in andon.toml)",
+        help="where tools run: local (default), container:IMAGE ([containers] in andon.toml), "
+        "ssh:HOST or tcp:ADDRESS ([remote])",
     )
 
 

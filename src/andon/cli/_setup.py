@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import ConfigError, LogCorrupted, LogFormatUnsupported, name_path
+from andon.cli._remote import remote_launcher, remote_listen
 from andon.cli._sessions import runtime_root
 from andon.cli._settings import Settings, read_system_prompt
 from andon.cli._workers import launcher_of
@@ -118,6 +119,9 @@ def job_base(settings: Settings, existing: Existing | None) -> JobBase:
     if cwd is not None and not Path(cwd).is_dir():
         raise ConfigError(f"--cwd: no such directory: {cwd}")
     model = load_model(model_spec, settings.thinking)
+    # Checked before a session folder exists: a key file that cannot be read is a mistake of
+    # the settings, and must leave nothing behind.
+    remote_listen(settings.workers_in, settings.remote)
     instructions = project_instructions(settings, cwd)
     since_seq = existing.state.next_seq if existing is not None else 0
     return JobBase(model, cwd, system_prompt, instructions, since_seq)
@@ -254,6 +258,12 @@ def agent_options(
     import andon
 
     servers = len(settings.mcp_servers)
+    listen = remote_listen(settings.workers_in, settings.remote)
+    launcher = (
+        remote_launcher(settings.workers_in, settings.remote, listen)
+        if listen is not None
+        else launcher_of(settings.workers_in, settings.containers, cwd)
+    )
     return {
         "model": model,
         "cwd": cwd,
@@ -262,13 +272,14 @@ def agent_options(
             size=settings.workers + servers,
             runtime_dir=runtime_root(),
             start_timeout=settings.worker_start_timeout or andon.WorkerPoolConfig.start_timeout,
+            tcp=listen,
         ),
         "grace": settings.grace,
         "system_prompt": system_prompt,
         "tool_timeout": settings.tool_timeout,
         "pass_env": settings.pass_env,
         "session_id": session_id,
-        "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
+        "launcher": launcher,
         "project_instructions": instructions,
         "context_window": context_window,
         "tools": tool_registry(settings.tools),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import ConfigError
+from andon.cli._remote import remote_kind
 
 if TYPE_CHECKING:
     from andon.fleet import WorkerLauncher
@@ -43,14 +44,19 @@ class ContainerSettings:
 
 
 def workers_in(text: str) -> str:
-    """``local`` or ``container:IMAGE``, checked."""
+    """``local``, ``container:IMAGE``, ``ssh:HOST`` or ``tcp:ADDRESS``, checked."""
     value = text.strip()
     if value == "local":
         return value
     kind, sep, image = value.partition(":")
     if kind == "container" and sep and image.strip():
         return f"container:{image.strip()}"
-    raise ConfigError(f"workers-in must be 'local' or 'container:IMAGE' (got {text!r})")
+    remote = remote_kind(kind, image) if sep else None
+    if remote is not None:
+        return remote
+    raise ConfigError(
+        f"workers-in must be 'local', 'container:IMAGE', 'ssh:HOST' or 'tcp:ADDRESS' (got {text!r})"
+    )
 
 
 def parse_containers(table: object, path: Path) -> ContainerSettings:

@@ -11,6 +11,7 @@ or write a launcher (``WorkerLauncher`` with ``WorkerSpec``, ``PoolSetup`` and
 ``LaunchedWorker`` is the seam a custom one implements) and may watch a pool (``PoolObserver``).
 """
 
+from andon.fleet._adopt import AdoptLauncher
 from andon.fleet._command import CommandLauncher
 from andon.fleet._container import ContainerLauncher, Mount, host_mounts
 from andon.fleet._forkserver import ForkserverLauncher
@@ -20,6 +21,7 @@ from andon.fleet._pool import TcpListen, WorkerGone, WorkerLease, WorkerPool, Wo
 from andon.fleet._pool_watch import PoolObserver, PoolStatistics
 
 __all__ = [
+    "AdoptLauncher",
     "CommandLauncher",
     "ContainerLauncher",
     "ForkserverLauncher",

@@ -111,7 +111,7 @@ class ForkserverLauncher(WorkerLauncher):
         if held:
             raise WorkerError(_holds_message(held))
 
-    def worker_program(self) -> Callable[[WorkerOptions], None]:
+    def worker_program(self) -> Callable[[WorkerOptions], object]:
         """What the next worker runs, given its options: andon's worker. A test's launcher
         gives one that breaks the protocol on purpose; it is pickled (by reference) into the
         forked worker, so it must be importable there."""

@@ -162,6 +162,9 @@ class WorkerLauncher(abc.ABC):
     """Which endpoint the pool binds for this launcher's workers."""
     heartbeats: bool = True
     """Liveness through heartbeats (True) or through process handles of this machine (False)."""
+    adopts: bool = False
+    """It starts nothing: its workers are started by hand and dial in (:class:`AdoptLauncher`).
+    The pool hands it the hellos of workers it does not know, and makes them no keys."""
     local_processes: bool = False
     """Its workers and their calls are processes of this pid namespace: a lost worker's call can
     be found by its tag and killed from here. Otherwise the launcher's ``kill`` is the backstop."""

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from andon import procs
 from andon.base import (
@@ -61,6 +62,7 @@ from andon.base import (
     WorkerError,
     clean_text,
 )
+from andon.fleet._adopt import AdoptedWorker, AdoptLauncher, Arrival
 from andon.fleet._forkserver import ForkserverLauncher
 from andon.fleet._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
 from andon.fleet._pool_state import POOL_CLOSED, Phase, PoolState
@@ -80,6 +82,7 @@ from andon.protocol import (
     Welcome,
     ZapAllowList,
     curve_server,
+    encode,
     is_loopback,
     recv_routed,
     send_routed,
@@ -430,6 +433,8 @@ class WorkerPool:
         self._spawn_task(self._receive, self._wire)
         if self.launcher.heartbeats:
             self._spawn_task(self._heartbeats)
+        if zap is not None:
+            self._spawn_task(self._watch_handshakes, sock)
 
     async def _start_first(self) -> None:
         """One worker first, alone: on a loaded machine its hello is not slowed by its siblings'
@@ -472,6 +477,35 @@ class WorkerPool:
             return bound_text
         advertised = urlsplit(tcp.advertise)
         return f"tcp://{advertised.hostname}:{advertised.port or urlsplit(bound_text).port}"
+
+    async def _watch_handshakes(self, sock: zmq.asyncio.Socket) -> None:
+        """Over tcp + CURVE, a client that fails the handshake for want of CURVE (plain tcp, a
+        worker started without ``--server-key``/``--keys``) is logged: zmq drops it quietly.
+        (A key not on the allow-list is logged by the ZAP handler, with its address.)"""
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        said_at: float | None = None
+        unsaid = 0  # failures since the last line: a client retries every 0.1 s or so
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                now = time.monotonic()
+                if said_at is not None and now - said_at < START_WARNING_INTERVAL:
+                    unsaid += 1
+                    continue
+                detail = event["value"]
+                why = (
+                    "it does not speak CURVE (plain tcp: start it with --server-key and --keys)"
+                    if detail == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                    else f"zmq protocol error 0x{detail:x}"
+                )
+                endpoint = clean_text(event["endpoint"])
+                more = f" ({unsaid} more since the last such line)" if unsaid else ""
+                self._on_refused(f"a client failed the handshake on {endpoint}: {why}{more}")
+                said_at, unsaid = now, 0
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
 
     def _on_refused(self, reason: str) -> None:
         _log.warning("a worker was refused at the handshake: %s", reason)
@@ -545,6 +579,7 @@ class WorkerPool:
         for worker in workers:
             worker.killed_on_purpose = True
             worker.kill_reason = worker.kill_reason or POOL_CLOSED
+            self._let_go(worker)
         with contextlib.suppress(Exception):
             self.launcher.kill_idle([w.launched for w in workers if w.launched is not None])
 
@@ -723,7 +758,7 @@ class WorkerPool:
         self._workers[worker_id] = worker
         keys: CurveKeys | None = None
         zap = self._wire.zap if self._wire is not None else None
-        if zap is not None:
+        if zap is not None and not self.launcher.adopts:
             keys = CurveKeys.generate()
             zap.allow(keys.public)
             self._keys_of[worker_id] = keys.public
@@ -742,13 +777,71 @@ class WorkerPool:
                 zap.disallow(keys.public)
                 self._keys_of.pop(worker_id, None)
             raise
+        if isinstance(launched, AdoptedWorker):
+            worker = self._adopt(worker, launched)
         worker.launched = launched
         worker.heard = time.monotonic()
+        if isinstance(launched, AdoptedWorker) and not worker.dead:
+            hello = launched.arrival.hello
+            self._on_hello(worker, hello)  # the hello it was kept with
+            if worker.welcomed:
+                adopted = worker.worker_id
+                self._tell(lambda: self._observer.on_adopted(adopted, hello.host))
         if self._state.closes:  # closed while the engine started it: it is not wanted
             worker.killed_on_purpose = True
             self.launcher.kill(launched)
         launched.exit.add_done_callback(lambda _f: self._on_exit(worker))
         return worker
+
+    def _adopt(self, slot: _Worker, launched: AdoptedWorker) -> _Worker:
+        """A start's slot takes the adopted worker's own id (the name it routes by), and that
+        id is bound to the key its handshake proved for the worker's life."""
+        self._workers.pop(slot.worker_id, None)
+        arrival = launched.arrival
+        worker = _Worker(worker_id=arrival.worker_id)
+        self._workers[worker.worker_id] = worker
+        if arrival.key is not None:
+            self._keys_of[worker.worker_id] = arrival.key
+        return worker
+
+    def _on_stranger(self, worker_id: str, msg: Message, key: bytes | None) -> None:
+        """A frame from a worker the pool does not know. A hello under an allowed key is an
+        arrival for an adopting launcher (a worker started by hand); anything else is refused
+        in one line the worker prints (docs/scale-out.md, Refusals)."""
+        if not isinstance(msg, Hello):
+            return  # a worker already forgotten (ended, killed): nothing it says is believed
+        launcher = self.launcher
+        reason: str | None
+        if not isinstance(launcher, AdoptLauncher):
+            reason = (
+                f"this pool knows no worker {worker_id!r}: it starts its own workers and adopts "
+                f"none started by hand"
+            )
+        elif self._stopping is not None:
+            reason = f"the pool takes no worker: {self._stopping}"
+        elif msg.protocol != PROTOCOL_VERSION:
+            reason = (
+                f"protocol version mismatch (the worker speaks {msg.protocol}, andon "
+                f"{PROTOCOL_VERSION}): run the same andon version on both sides"
+            )
+        else:
+            adopted = sum(1 for w in self._workers.values() if not w.dead and w.launched)
+            if adopted + launcher.waiting >= self.config.size:
+                reason = f"the pool has all the workers it takes ({self.config.size})"
+            else:
+                reason = launcher.offer(Arrival(worker_id, msg, key))
+                if reason is None and launcher.waiting:
+                    # No start was waiting for it: one starts now, instead of leaving the
+                    # worker unwelcomed until a call wants it (it would give up first).
+                    self._rest_to_start = max(0, self._rest_to_start - 1)
+                    self._start_worker()
+        if reason is None:
+            return
+        _log.warning("refused worker %r from %s: %s", worker_id, msg.host, reason)
+        self._tell(lambda: self._observer.on_refused(f"worker {worker_id!r}: {reason}"))
+        if self._wire is not None:
+            with contextlib.suppress(Exception):
+                _send_now(self._wire.sock, worker_id.encode(), Refused(reason=reason))
 
     async def _await_ready(self, worker: _Worker) -> None:
         """Wait for ``worker``'s hello until the start deadline (on the pool's clock); raises
@@ -933,8 +1026,11 @@ class WorkerPool:
         self._workers.pop(worker.worker_id, None)
         key = self._keys_of.pop(worker.worker_id, None)
         zap = self._wire.zap if self._wire is not None else None
-        if key is not None and zap is not None:
-            zap.disallow(key)  # its key dies with it: a stolen one opens nothing
+        allowed = self.config.tcp.allowed if self.config.tcp is not None else frozenset()
+        if key is not None and zap is not None and key not in allowed:
+            # A key made for it dies with it: a stolen one opens nothing. (A key of the
+            # allowed list is the user's: a worker started by hand may come back with it.)
+            zap.disallow(key)
         if worker.launched is not None:
             with contextlib.suppress(Exception):
                 self.launcher.release(worker.launched)
@@ -957,7 +1053,15 @@ class WorkerPool:
         worker.kill_reason = worker.kill_reason or reason
         if worker.lease is not None:
             self._kill_call_processes(worker.lease)
+        self._let_go(worker)
         self.launcher.kill(worker.launched)
+
+    def _let_go(self, worker: _Worker) -> None:
+        """A worker started by hand is not andon's to signal: it is told to shut down (it kills
+        its call and exits), and silence does the rest (it stops at the heartbeat deadline)."""
+        if self.launcher.adopts and self._wire is not None and not worker.dead:
+            with contextlib.suppress(Exception):
+                _send_now(self._wire.sock, worker.worker_id.encode(), Shutdown(grace=0.0))
 
     def _lose(self, worker: _Worker, reason: str) -> None:
         """The worker fell silent: it is lost now, not when its end can be confirmed (an engine
@@ -1037,7 +1141,7 @@ class WorkerPool:
                 if curve and not self._sent_by_its_key(worker_id, routed.user_id):
                     continue
                 try:
-                    self._on_message(worker_id, routed.message)
+                    self._on_message(worker_id, routed.message, routed.user_id)
                 except Exception as e:
                     # A bug handling one message must not end the receiver (every call would
                     # wait forever): the worker it came from is written off, its call answered.
@@ -1075,15 +1179,20 @@ class WorkerPool:
         for worker in list(self._workers.values()):
             self._kill(worker, reason)
 
-    def _on_message(self, worker_id: str, msg: Message | ProtocolError) -> None:
+    def _on_message(
+        self, worker_id: str, msg: Message | ProtocolError, user_id: str | None = None
+    ) -> None:
         worker = self._workers.get(worker_id)
         if isinstance(msg, ProtocolError):
             if worker is not None:
                 self._kill(worker, f"sent a bad frame: {msg}")
             return
-        if worker is None or worker.dead or worker.kill_reason is not None:
-            # A stranger, or a worker already written off: once andon decided to kill a
-            # worker, nothing more it says is believed (its call gets WORKER_LOST).
+        if worker is None:
+            self._on_stranger(worker_id, msg, user_id.encode("ascii") if user_id else None)
+            return
+        if worker.dead or worker.kill_reason is not None:
+            # A worker already written off: once andon decided to kill a worker, nothing more
+            # it says is believed (its call gets WORKER_LOST).
             return
         worker.heard = time.monotonic()
         self._dispatch(worker, msg)
@@ -1229,6 +1338,14 @@ class _FailedStarts:
 class _StartFailed(WorkerError):
     """A worker's start that may succeed when tried again: it missed its hello deadline (a busy
     machine), or it exited while it started (its folder was deleted, the OOM killer)."""
+
+
+def _send_now(sock: zmq.asyncio.Socket, identity: bytes, msg: Message) -> None:
+    """Send ``msg`` at once, or not at all (a refusal or a goodbye nobody waits on): through a
+    blocking shadow of the socket, in this thread, so a peer that cannot take it raises here
+    instead of in a future nobody reads."""
+    raw: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying)
+    raw.send_multipart([identity, *encode(msg)], flags=zmq.NOBLOCK)
 
 
 def _retried(error: Exception) -> bool:

@@ -24,9 +24,13 @@ class PoolObserver:
         """A worker is being killed or was lost for a reason of its own (a bad frame, silence,
         an exit), not because the pool was told to kill it."""
 
+    def on_adopted(self, worker_id: str, host: str) -> None:
+        """A worker started by hand on ``host`` was taken into the pool (``AdoptLauncher``)."""
+
     def on_refused(self, reason: str) -> None:
-        """A worker was turned away at the CURVE handshake, or a frame was dropped because it
-        came under another worker's key (tcp)."""
+        """A worker was turned away (at the CURVE handshake, or at its hello: a stranger, a full
+        pool), a client failed the handshake, or a frame was dropped because it came under
+        another worker's key (tcp)."""
 
 
 @final

@@ -19,6 +19,7 @@ from andon.workers._forkserver import (
 from andon.workers._main import Worker, WorkerOptions, worker_main
 from andon.workers._program import (
     KEYS_END,
+    WORKER_REFUSED,
     WorkerProgram,
     default_worker_id,
     load_tools,
@@ -39,6 +40,7 @@ __all__ = [
     "BASH",
     "FORKSERVER_MODULE",
     "KEYS_END",
+    "WORKER_REFUSED",
     "ArgumentError",
     "CgroupTree",
     "ForkReply",

@@ -65,7 +65,7 @@ class _ByReference(pickle.Pickler):
         return NotImplemented
 
 
-def dump_request(program: Callable[[Any], None], options: Any) -> bytes:
+def dump_request(program: Callable[[Any], object], options: Any) -> bytes:
     """A request for one worker: ``program(options)`` in a fork of the forkserver, with this
     process's ``sys.path`` and working directory (as the worker would have, were it forked from
     here). Pickled by reference where everything has an import path; otherwise by value, with

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from andon import procs
 from andon.base import (
@@ -114,10 +115,12 @@ class WorkerOptions:
     detach: bool = True  # leave the session and point fds 0/1/2 at the log (local workers)
 
 
-def worker_main(options: WorkerOptions, worker_class: type[Worker] | None = None) -> None:
+def worker_main(options: WorkerOptions, worker_class: type[Worker] | None = None) -> str | None:
     """Entry point of a worker process (the target the pool starts). ``worker_class`` serves
     in place of :class:`Worker`: a test's worker that breaks the protocol on purpose, as a buggy
-    or hostile one would (tools cannot: they run in call processes, away from the socket)."""
+    or hostile one would (tools cannot: they run in call processes, away from the socket).
+
+    Returns why the supervisor never took this worker (:attr:`Worker.refusal`), or None."""
     if options.supervisor_start is not None:
         # A local worker, the forkserver's child: until it watches the supervisor (its own
         # set-up takes seconds on a busy machine), it dies with the forkserver, which dies with
@@ -136,11 +139,13 @@ def worker_main(options: WorkerOptions, worker_class: type[Worker] | None = None
     mode = detect_mode(options.containment)
     if mode != "pgroup" and not set_child_subreaper():
         mode = "pgroup"
+    worker = (worker_class or Worker)(options, mode)
     try:
-        asyncio.run((worker_class or Worker)(options, mode).serve())
+        asyncio.run(worker.serve())
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+    return worker.refusal
 
 
 def _supervisor_gone_already(options: WorkerOptions) -> bool:
@@ -223,6 +228,11 @@ class Worker:
         self._stopping = asyncio.Event()  # set once a drain is over
         self._last_result: str | None = None  # the call id of the last result sent
         self._result_acked = asyncio.Event()  # the pool acknowledged it (program workers)
+        self.refusal: str | None = None
+        """Why the supervisor never took this worker, in one line: its handshake refused this
+        worker's key, it answered ``refused`` (another protocol version, tools missing, an id
+        it does not know), or no ``welcome`` came in time. ``andon worker`` prints it and exits
+        non-zero (docs/scale-out.md, Refusals)."""
         self._sock: zmq.asyncio.Socket | None = None
         self._call_task: asyncio.Task[None] | None = None
         self._tasks: asyncio.TaskGroup | None = None  # serve()'s, once it runs
@@ -242,8 +252,12 @@ class Worker:
         sock.setsockopt(zmq.IDENTITY, self.options.worker_id.encode())
         sock.setsockopt(zmq.LINGER, self.options.linger_ms)
         sock.setsockopt(zmq.MAXMSGSIZE, self.options.max_message_bytes * 2)
+        handshake: zmq.asyncio.Socket | None = None
         if self.options.curve is not None and self.options.server_key is not None:
             curve_client(sock, self.options.curve, self.options.server_key)
+            # Watched until the welcome: a key the supervisor refuses fails the handshake
+            # (ZAP status 400), and zmq would otherwise retry it quietly for ever.
+            handshake = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         sock.connect(self.options.endpoint)
         self._sock = sock
         watch_fd = self._watch_supervisor(loop)
@@ -260,6 +274,8 @@ class Worker:
                     self._tasks = tg
                     tg.create_task(self._receive(tg))
                     tg.create_task(self._heartbeat())
+                    if handshake is not None:
+                        tg.create_task(self._watch_handshake(handshake))
                     tg.create_task(self._stop_when_drained())
                     if self._draining:
                         tg.create_task(self._drain())  # the signal came during the hello
@@ -273,6 +289,10 @@ class Worker:
                 os.close(watch_fd)
             if self.worker_cgroup is not None:
                 CgroupTree.remove(self.worker_cgroup)
+            if handshake is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disable_monitor()
+                handshake.close(linger=0)
             sock.close(linger=self.options.linger_ms)
             ctx.term()
             self.reaper.uninstall()
@@ -355,11 +375,39 @@ class Worker:
         assert self._sock is not None
         await send_message(self._sock, msg)
 
+    async def _watch_handshake(self, monitor: zmq.asyncio.Socket) -> None:
+        """Until the welcome: a handshake the supervisor refused (ZAP status 400: this worker's
+        key is not on its allow-list) ends the worker with that reason."""
+        welcomed = asyncio.ensure_future(self._welcomed.wait())
+        try:
+            while True:
+                frames = asyncio.ensure_future(monitor.recv_multipart())
+                await asyncio.wait({welcomed, frames}, return_when=asyncio.FIRST_COMPLETED)
+                if welcomed.done():
+                    frames.cancel()
+                    return
+                event = parse_monitor_message(frames.result())
+                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    key = self.options.curve.public.decode() if self.options.curve else "?"
+                    self.refusal = (
+                        f"the supervisor at {self.options.endpoint} refused this worker's key "
+                        f"{key} (status {event['value']}): add the public key to the keys it "
+                        f"allows"
+                    )
+                    raise _Stop
+        finally:
+            welcomed.cancel()
+
     async def _heartbeat(self) -> None:
         try:
             await asyncio.wait_for(self._welcomed.wait(), self.options.welcome_timeout)
         except TimeoutError:
             # Nobody accepted this worker: nothing runs yet, so there is nothing to stop.
+            self.refusal = (
+                f"no welcome from the supervisor at {self.options.endpoint} within "
+                f"{self.options.welcome_timeout:g}s (is it running and listening there, and is "
+                f"this worker's id {self.options.worker_id!r} not taken?)"
+            )
             raise _Stop from None
         interval = self.heartbeat_interval
         if interval is None:
@@ -441,7 +489,12 @@ class Worker:
                     self.heartbeat_interval = msg.heartbeat_interval or None
                     self._welcomed.set()
                     self._refill()
-                case Refused() | Shutdown():
+                case Refused():
+                    if not self._welcomed.is_set():
+                        self.refusal = f"refused by the supervisor: {msg.reason}"
+                    await self._shutdown()
+                    raise _Stop
+                case Shutdown():
                     await self._shutdown()
                     raise _Stop
                 case Run():

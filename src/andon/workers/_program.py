@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from andon.base import ConfigError, ContainmentSetting
@@ -35,6 +35,7 @@ from andon.workers._registry import Tool, ToolRegistry
 
 __all__ = [
     "KEYS_END",
+    "WORKER_REFUSED",
     "WorkerProgram",
     "default_worker_id",
     "load_tools",
@@ -83,13 +84,21 @@ class WorkerProgram:
             )
 
 
+WORKER_REFUSED: Final = 3
+"""``andon worker``'s exit code when the supervisor never took it: its key refused in the
+handshake, a ``refused`` answer (protocol version, tools, an id it does not know, a full pool),
+or no welcome within ``--welcome-timeout``. 0 is a worker let go (or one whose supervisor went:
+it stopped its call), 2 a mistake on its own command line."""
+
+
 def run_worker_program(program: WorkerProgram) -> int:
     """Run the worker until the supervisor lets it go, it loses the supervisor, or a stop signal
-    drained it. Returns the exit code (0)."""
+    drained it. Returns the exit code: 0, or :data:`WORKER_REFUSED` with one line on stderr saying
+    why."""
     registry = load_tools(program.tools)
     lifeline = _keep_stdin() if program.lifeline else None
     _prepare_process()
-    worker_main(
+    refusal = worker_main(
         WorkerOptions(
             endpoint=program.endpoint,
             worker_id=program.worker_id,
@@ -104,6 +113,9 @@ def run_worker_program(program: WorkerProgram) -> int:
             lifeline_fd=lifeline,
         )
     )
+    if refusal is not None:
+        print(f"andon worker {program.worker_id}: {refusal}", file=sys.stderr, flush=True)
+        return WORKER_REFUSED
     return 0
 
 
