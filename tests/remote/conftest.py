@@ -12,6 +12,7 @@ import random
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -88,3 +89,98 @@ class Refusals(PoolObserver):
 
     def on_refused(self, reason: str) -> None:
         self.queue.put_nowait(reason)
+
+
+@dataclass(frozen=True)
+class SshHost:
+    """A real OpenSSH server in the workers' namespace, reachable as ``destination`` with the
+    ``ssh`` command line (its own key, known-hosts file and no user configuration)."""
+
+    destination: str
+    ssh: list[str]
+
+
+def _why_no_sshd() -> str | None:
+    if shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+        return "OpenSSH's server is not installed (.ci/run installs openssh-server)"
+    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        return "OpenSSH's client is not installed"
+    return None
+
+
+@pytest.fixture
+def ssh_host(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
+    reason = _why_no_sshd()
+    if reason is not None:
+        pytest.skip(reason)
+    folder = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / name)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+    shutil.copy(folder / "client_key.pub", folder / "authorized_keys")
+    config = folder / "sshd_config"
+    config.write_text(
+        f"ListenAddress {hosts.remote_address}\n"
+        f"HostKey {folder / 'host_key'}\n"
+        f"AuthorizedKeysFile {folder / 'authorized_keys'}\n"
+        f"PidFile {folder / 'sshd.pid'}\n"
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPrintMotd no\n"
+    )
+    # OpenSSH's privilege separation needs this folder (made empty, as its package would).
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    sshd = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    assert sshd is not None
+    with open(folder / "sshd.log", "wb") as log:
+        server = subprocess.Popen(
+            [*hosts.run_there(), sshd, "-D", "-e", "-f", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    ssh = [
+        "ssh",
+        "-F",
+        "none",
+        "-i",
+        str(folder / "client_key"),
+        "-o",
+        f"UserKnownHostsFile={folder / 'known_hosts'}",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=30",
+        "-T",
+    ]
+    destination = f"root@{hosts.remote_address}"
+    try:
+        # Ready once a command runs through it (bounded: ConnectTimeout, a few tries while sshd
+        # binds; the first refused connection comes back at once).
+        for _ in range(50):
+            done = subprocess.run(
+                [*ssh, destination, "true"],
+                capture_output=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
+            if done.returncode == 0:
+                break
+            if server.poll() is not None:
+                raise AssertionError((folder / "sshd.log").read_text())
+            time.sleep(0.1)  # sleep-ok: sshd binds its port; a bounded retry, not an ordering
+        else:
+            raise AssertionError(f"sshd never answered: {done.stderr!r}")
+        yield SshHost(destination, ssh)
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

@@ -20,7 +20,7 @@ import pytest
 
 from andon.workers import WORKER_REFUSED
 from tests.cli.support import ANDON, assert_balanced, env, records, script
-from tests.remote.conftest import Hosts
+from tests.remote.conftest import Hosts, SshHost
 from tests.support import escapee_tree, procs_with_marker
 
 pytestmark = pytest.mark.timeout(180)
@@ -162,7 +162,7 @@ def test_sigint_at_any_moment_stops_both_sides_and_leaves_nothing(
     _keys(tmp_path)
     rng = random.Random("cli-remote-sigint")
     for trial in range(MOMENTS):
-        marker = f"andon-remote-{secrets.token_hex(4)}"
+        marker = str(secrets.randbits(48))  # digits: the sleeps take it as a number
         model = script(
             tmp_path / f"s{trial}.json",
             [
@@ -175,9 +175,11 @@ def test_sigint_at_any_moment_stops_both_sides_and_leaves_nothing(
                 {"text": "Done."},
             ],
         )
-        after = 0 if trial == 0 else rng.randrange(1, 8)
+        # 0: before the worker is even started; the last trial: once the escapees run.
+        after = 0 if trial == 0 else 10**6 if trial == MOMENTS - 1 else rng.randrange(1, 60)
         andon, endpoint, key = _start_andon(tmp_path, hosts, model, "--grace", "0.5,0.5")
         worker: subprocess.Popen[bytes] | None = None
+        ready = False
         try:
             if after == 0:
                 andon.send_signal(signal.SIGINT)  # still waiting for its worker
@@ -186,16 +188,121 @@ def test_sigint_at_any_moment_stops_both_sides_and_leaves_nothing(
                 assert andon.stdout is not None
                 for seen, line in enumerate(andon.stdout, start=1):
                     event = json.loads(line)
-                    ready = event.get("type") == "tool/output" and "ready" in json.dumps(event)
+                    ready = event.get("type") == "tool/output" and "ready" in line
                     if seen >= after or ready:
                         break
+                if ready:  # the tree runs over there, escapees and all
+                    assert len(procs_with_marker(marker)) >= 2
                 andon.send_signal(signal.SIGINT)
             code = _end(andon)
         finally:
             _end(andon)
             worker_code = _end(worker) if worker is not None else None
-        where = f"trial {trial} (after {after} events)"
+        where = f"trial {trial} (after {after} events, ready={ready})"
+        assert ready or after != 10**6, where  # the last trial stops a running tree
         assert code == 130, where
         # Let go (0), or refused as andon closed before it adopted the worker (3).
         assert worker_code in (None, 0, WORKER_REFUSED), where
         assert procs_with_marker(marker, wait=5.0) == [], where
+
+
+def _ssh_toml(folder: Path, hosts: Hosts, ssh_host: SshHost) -> None:
+    (folder / "andon.toml").write_text(
+        "[remote]\n"
+        f'advertise = "tcp://{hosts.local_address}"\n'
+        f'listen = "tcp://{hosts.local_address}:0"\n'
+        f"ssh = {json.dumps(ssh_host.ssh)}\n"
+        f"command = {json.dumps([sys.executable, '-m', 'andon'])}\n"
+    )
+
+
+def test_the_main_job_runs_through_a_real_ssh_server(
+    hosts: Hosts, ssh_host: SshHost, tmp_path: Path
+) -> None:
+    _ssh_toml(tmp_path, hosts, ssh_host)
+    shutil.copytree(REPO / "examples" / "ci-build", tmp_path / "examples" / "ci-build")
+    done = subprocess.run(
+        [
+            ANDON,
+            "run",
+            "--json",
+            "--workers",
+            "1",
+            "--workers-in",
+            f"ssh:{ssh_host.destination}",
+            "--model",
+            "script:examples/ci-build/script.yaml",
+            "fix it",
+        ],
+        cwd=tmp_path,
+        env=env(ANDON_HOME=str(tmp_path / "home")),
+        capture_output=True,
+        text=True,
+        timeout=150,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    session = tmp_path / "home" / "sessions" / summary["session_id"]
+    assert_balanced(session)
+    results = [r for r in records(session) if r["type"] == "tool/result"]
+    assert len(results) == 5 and all(not r["data"].get("error") for r in results)
+
+
+def test_sigint_through_ssh_stops_the_remote_tree(
+    hosts: Hosts, ssh_host: SshHost, tmp_path: Path
+) -> None:
+    """SIGINT while the tool's escapees run on the other side of a real ssh connection: andon
+    exits 130, and the worker (told through the lifeline, ssh's stdin) leaves nothing there."""
+    _ssh_toml(tmp_path, hosts, ssh_host)
+    marker = str(secrets.randbits(48))  # digits: the sleeps take it as a number
+    model = script(
+        tmp_path / "s.json",
+        [
+            {
+                "text": "Building.",
+                "tool_calls": [{"name": "bash", "arguments": {"command": escapee_tree(marker)}}],
+            },
+            {"text": "Done."},
+        ],
+    )
+    andon = subprocess.Popen(
+        [
+            ANDON,
+            "run",
+            "--json",
+            "--workers",
+            "1",
+            "--grace",
+            "0.5,0.5",
+            "--tool-timeout",
+            "20",
+            "--workers-in",
+            f"ssh:{ssh_host.destination}",
+            "--model",
+            model,
+            "go",
+        ],
+        cwd=tmp_path,
+        env=env(ANDON_HOME=str(tmp_path / "home")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert andon.stdout is not None
+        lines = []
+        for line in andon.stdout:
+            lines.append(line)
+            if json.loads(line).get("type") == "tool/output" and "ready" in line:
+                break
+        else:
+            raise AssertionError(f"andon ended first: {_end(andon)} {lines}")
+        assert len(procs_with_marker(marker)) >= 2  # the escapees run, there
+        andon.send_signal(signal.SIGINT)
+    finally:
+        code = _end(andon)
+    assert code == 130
+    assert procs_with_marker(marker, wait=5.0) == []

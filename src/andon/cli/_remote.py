@@ -73,17 +73,19 @@ def remote_kind(kind: str, rest: str) -> str | None:
     return None
 
 
-def _tcp_address(text: str, where: str) -> str:
-    """``HOST:PORT`` or ``tcp://HOST:PORT`` as ``tcp://HOST:PORT``."""
+def _tcp_address(text: str, where: str, *, port: bool = True) -> str:
+    """``HOST:PORT`` or ``tcp://HOST:PORT`` as ``tcp://HOST:PORT`` (without ``port``, the port
+    may be left out: an advertised address takes the bound port)."""
     value = text if text.startswith("tcp://") else f"tcp://{text.removeprefix('//')}"
     try:
         parts = urlsplit(value)
-        port = parts.port
+        ok = bool(parts.hostname) and parts.path in ("", "/")
+        ok = ok and (parts.port is not None or not port)
     except ValueError:
-        port = None
-        parts = None
-    if parts is None or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise ConfigError(f"{where} must be HOST:PORT or tcp://HOST:PORT (got {text!r})")
+        ok = False
+    if not ok:
+        form = "HOST:PORT or tcp://HOST:PORT" if port else "HOST[:PORT] or tcp://HOST[:PORT]"
+        raise ConfigError(f"{where} must be {form} (got {text!r})")
     return value.rstrip("/")
 
 
@@ -108,7 +110,8 @@ def parse_remote(table: object, path: Path) -> RemoteSettings:
     values: dict[str, Any] = {"base": str(path.parent)}
     for key in ("listen", "advertise"):
         if key in table:
-            values[key] = _tcp_address(_text(table, key, where), f"{where}: {key}")
+            where_key = f"{where}: {key}"
+            values[key] = _tcp_address(_text(table, key, where), where_key, port=key == "listen")
     for key in ("server-keys", "allowed-keys", "tools"):
         if key in table:
             values[key.replace("-", "_")] = _text(table, key, where)
