@@ -480,11 +480,15 @@ class WorkerPool:
 
     async def _watch_handshakes(self, sock: zmq.asyncio.Socket) -> None:
         """Over tcp + CURVE, a client that fails the handshake for want of CURVE (plain tcp, a
-        worker started without ``--server-key``/``--keys``) is logged: zmq drops it quietly.
-        (A key not on the allow-list is logged by the ZAP handler, with its address.)"""
-        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        worker started without ``--server-key``/``--keys``, not a worker at all) is logged: zmq
+        drops it quietly. (A key not on the allow-list is logged by the ZAP handler, with its
+        address.) At most one line per START_WARNING_INTERVAL, the rest counted into the next:
+        a client may retry every 0.1 s."""
+        monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
         said_at: float | None = None
-        unsaid = 0  # failures since the last line: a client retries every 0.1 s or so
+        unsaid = 0
         try:
             while True:
                 event = parse_monitor_message(await monitor.recv_multipart())
@@ -492,14 +496,9 @@ class WorkerPool:
                 if said_at is not None and now - said_at < START_WARNING_INTERVAL:
                     unsaid += 1
                     continue
-                detail = event["value"]
-                why = (
-                    "it does not speak CURVE (plain tcp: start it with --server-key and --keys)"
-                    if detail == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-                    else f"zmq protocol error 0x{detail:x}"
-                )
                 endpoint = clean_text(event["endpoint"])
                 more = f" ({unsaid} more since the last such line)" if unsaid else ""
+                why = _handshake_failure(event["event"], event["value"])
                 self._on_refused(f"a client failed the handshake on {endpoint}: {why}{more}")
                 said_at, unsaid = now, 0
         finally:
@@ -1338,6 +1337,20 @@ class _FailedStarts:
 class _StartFailed(WorkerError):
     """A worker's start that may succeed when tried again: it missed its hello deadline (a busy
     machine), or it exited while it started (its folder was deleted, the OOM killer)."""
+
+
+def _handshake_failure(event: int, value: int) -> str:
+    """Why a handshake failed, from the pool's side. Which side sees the mismatch first is a
+    race: when the client does, it drops the connection, and the pool sees only that (and the
+    client, measured, does not come back to fail again)."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return "it does not speak CURVE (plain tcp: start it with --server-key and --keys)"
+        return f"zmq protocol error 0x{value:x}"
+    return (
+        f"it dropped the connection during the handshake ({os.strerror(value)}): a client "
+        f"without CURVE (start it with --server-key and --keys), or not a worker"
+    )
 
 
 def _send_now(sock: zmq.asyncio.Socket, identity: bytes, msg: Message) -> None:
