@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, final
 
 from andon.base import ConfigError, WorkerError
+from andon.fleet._engine_words import engine_address, engine_unreachable
 from andon.fleet._launch import (
     LaunchedWorker,
     PoolSetup,
@@ -148,14 +149,13 @@ class ContainerLauncher(WorkerLauncher):
         try:
             self._client = await self._engine.run(connect, "connect")
         except Exception as e:
-            where = self.base_url or "the default engine (DOCKER_HOST)"
-            raise WorkerError(f"cannot reach the container engine at {where}: {e}") from None
+            raise WorkerError(engine_unreachable(engine_address(self.base_url), e)) from None
         try:
             await self._engine.run(lambda: self._client.images.get(self.image), "image")
-        except docker.errors.ImageNotFound:
+        except docker.errors.NotFound:  # ImageNotFound is one; podman 4.3 answers plain NotFound
             raise ConfigError(
-                f"the container engine has no image {self.image!r} (andon never pulls one: "
-                f"pull or build it first)"
+                f"the container engine has no image {self.image!r}: andon never pulls: "
+                f"`podman pull {self.image}` (or `docker pull`) or build it"
             ) from None
 
     async def start(self, spec: WorkerSpec) -> LaunchedWorker:
