@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import io
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, final
@@ -186,6 +187,10 @@ class ContainerLauncher(WorkerLauncher):
         for hidden in setup.hidden_env:
             environment.pop(hidden, None)  # no model key in a worker, even one passed on purpose
 
+        # Set when the start is given up (the pool closed, a signal): a create the engine answers
+        # after that is removed at once, never started.
+        given_up = threading.Event()
+
         def create_and_start() -> Any:
             container = self._client.containers.create(
                 self.image,
@@ -202,6 +207,8 @@ class ContainerLauncher(WorkerLauncher):
                 init=False,  # the worker is PID 1: it reaps, and it handles SIGTERM itself
             )
             try:
+                if given_up.is_set():
+                    raise _GivenUp
                 if keys is not None:
                     container.put_archive("/", keys)
                 container.start()
@@ -211,10 +218,12 @@ class ContainerLauncher(WorkerLauncher):
                 raise
             return container
 
+        starting = self._engine.run(
+            create_and_start, f"start-{spec.worker_id}", orphan=_remove_quietly
+        )
+        starting.add_done_callback(lambda f: given_up.set() if f.cancelled() else None)
         try:
-            container = await self._engine.run(
-                create_and_start, f"start-{spec.worker_id}", orphan=_remove_quietly
-            )
+            container = await starting
         except docker.errors.DockerException as e:
             raise WorkerError(
                 f"the engine could not start worker {spec.worker_id}: {e}", worker=spec.worker_id
@@ -248,7 +257,8 @@ class ContainerLauncher(WorkerLauncher):
     def _remove(self, worker: _ContainerWorker) -> None:
         docker = self._docker
 
-        def remove() -> None:
+        def remove() -> bool:
+            """Whether the container is gone (force: SIGKILL, no stop timeout to wait for)."""
             try:
                 worker.container.remove(force=True)
             except docker.errors.NotFound:
@@ -256,9 +266,16 @@ class ContainerLauncher(WorkerLauncher):
             except docker.errors.APIError as e:
                 if e.status_code != 409:  # 409: its removal is already under way
                     _log.warning("could not remove %s: %s", worker.describe(), e)
+                return False
+            return True
 
-        removal = self._engine.run(remove, f"remove-{worker.worker_id}")
-        removal.add_done_callback(lambda f: f.cancelled() or f.exception())
+        def removed(future: asyncio.Future[bool]) -> None:
+            # Gone is exited: the pool's stop waits for this, not for the engine's answer to the
+            # watch's ``wait`` (which a slow engine, or one over ssh, may give much later).
+            if not future.cancelled() and future.exception() is None and future.result():
+                worker._set_exited()
+
+        self._engine.run(remove, f"remove-{worker.worker_id}").add_done_callback(removed)
 
     def release(self, worker: LaunchedWorker) -> None:
         # auto_remove takes an exited container away; a worker written off while its container
@@ -271,31 +288,46 @@ class ContainerLauncher(WorkerLauncher):
         """Remove whatever is left with this pool's label, then wait (bounded) for the engine
         calls still running."""
         client, setup = self._client, self._setup
-        # A start still in flight could create a container after the sweep: wait for it first
-        # (a start whose caller is gone removes what it made itself).
-        await asyncio.to_thread(self._engine.join_starts, self.engine_timeout)
         if client is not None and setup is not None:
-
-            def sweep() -> None:
-                # sparse: no inspection of each container found. A container removed between
-                # the list and its inspection (its own start's clean-up) would fail the whole
-                # list, and the rest of the pool's containers would stay.
-                found = client.containers.list(
-                    all=True, filters={"label": f"{POOL_LABEL}={setup.identity}"}, sparse=True
-                )
-                for container in found:
-                    with contextlib.suppress(Exception):
-                        container.remove(force=True)
-
-            try:
-                await asyncio.wait_for(self._engine.run(sweep, "sweep"), self.engine_timeout)
-            except Exception as e:
-                _log.warning("could not sweep this pool's containers: %s", e)
-        await asyncio.to_thread(self._engine.join, self.engine_timeout)
+            # First at once: a container created but still starting is removed now, so that its
+            # start fails fast instead of being waited for. Then the starts still in flight are
+            # waited for (a create only the engine's answer can settle; a start whose caller is
+            # gone removes what it made itself, never starting it), and swept again.
+            await self._sweep(client, setup.identity)
+            await asyncio.to_thread(self._engine.join_starts, self.engine_timeout)
+            await self._sweep(client, setup.identity)
+        else:
+            await asyncio.to_thread(self._engine.join_starts, self.engine_timeout)
+        # Not the watches (``wait``): a removed container's is answered when the engine gets to
+        # it, and nothing waits for it any more.
+        await asyncio.to_thread(self._engine.join, self.engine_timeout, "wait-")
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
             self._client = None
+
+    async def _sweep(self, client: Any, identity: str) -> None:
+        """Remove every container with this pool's label."""
+
+        def sweep() -> None:
+            # sparse: no inspection of each container found. A container removed between the
+            # list and its inspection (its own start's clean-up) would fail the whole list, and
+            # the rest of the pool's containers would stay.
+            found = client.containers.list(
+                all=True, filters={"label": f"{POOL_LABEL}={identity}"}, sparse=True
+            )
+            for container in found:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+
+        try:
+            await asyncio.wait_for(self._engine.run(sweep, "sweep"), self.engine_timeout)
+        except Exception as e:
+            _log.warning("could not sweep this pool's containers: %s", e)
+
+
+class _GivenUp(Exception):
+    """The start was given up while the engine created its container."""
 
 
 def _remove_quietly(container: Any) -> None:
