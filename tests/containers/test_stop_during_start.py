@@ -150,3 +150,60 @@ def test_the_proxy_holds_a_wait(
             made.remove(force=True)
     finally:
         client.close()
+
+
+HEARTBEAT_DEADLINE = 3.0  # andon run's pool: a heartbeat each second, three missed
+# The worker cannot give up before it runs: the margin covers its own boot (an interpreter
+# importing andon, at load) and the engine's removal of the exited container.
+MARGIN = 12.0
+
+
+@pytest.mark.timeout(600)
+def test_kill_9_during_the_start_leaves_no_container_past_the_heartbeat_deadline(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    """Nothing of andon is left to remove the container: its worker, never welcomed, gives up at
+    the heartbeat deadline (not after a minute), and ``auto_remove`` takes the container."""
+    (tmp_path / "andon.toml").write_text(_toml(engine_url))
+    model = long_script(tmp_path)
+    rng = random.Random(SEED + 9)
+    failures = []
+    for n in range(5):
+        delay = rng.uniform(0.0, 1.0)
+        proc = start(
+            "run",
+            "--json",
+            "--workers-in",
+            f"container:{worker_image}",
+            "--model",
+            model,
+            "go",
+            cwd=tmp_path,
+            environ=env(ANDON_HOME=str(tmp_path / "home")),
+        )
+        info = procs.stat(proc.pid)
+        assert info is not None
+        prefix = f"{proc.pid}-s{info.start}-"
+        try:
+            assert proc.stderr is not None
+            assert proc.stderr.readline().startswith("andon: session"), "no session line"
+            assert _wait_for(lambda p=prefix: bool(_pool_containers(engine, p)), WAIT)
+            time.sleep(delay)  # sleep-ok: the kill's moment is what this test varies (seeded)
+            proc.kill()
+            killed = time.monotonic()
+            proc.communicate(timeout=WAIT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        gone = _wait_for(
+            lambda p=prefix: not _pool_containers(engine, p), HEARTBEAT_DEADLINE + MARGIN
+        )
+        took = time.monotonic() - killed
+        for container in _pool_containers(engine, prefix):  # whatever happens, not left
+            container.remove(force=True)
+        if not gone:
+            failures.append(
+                f"kill {n} ({delay:.2f} s after a container): still there at {took:.1f} s"
+            )
+    assert not failures, "\n".join(failures)

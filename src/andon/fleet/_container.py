@@ -36,6 +36,7 @@ from andon.fleet._launch import (
     server_key_argument,
     worker_argv,
 )
+from andon.fleet._pool import HEARTBEAT_MISSES
 from andon.fleet._threads import EngineThreads
 
 __all__ = ["ContainerLauncher", "Mount"]
@@ -45,6 +46,7 @@ _log = logging.getLogger("andon.pool")
 POOL_LABEL = "andon.pool"
 _KEY_FILE = "andon-worker.key_secret"  # at the root of the container, until the worker reads it
 WORKER_LABEL = "andon.worker"
+DEFAULT_WELCOME_TIMEOUT = 60.0  # a pool without heartbeats (none starts containers so)
 
 
 @final
@@ -103,7 +105,7 @@ class ContainerLauncher(WorkerLauncher):
         tools: str = "default",
         environment: Mapping[str, str] | None = None,
         engine_timeout: float = 60.0,
-        welcome_timeout: float = 60.0,
+        welcome_timeout: float | None = None,
         transport: str = "ipc",
         network: str | None = None,
     ) -> None:
@@ -176,7 +178,7 @@ class ContainerLauncher(WorkerLauncher):
             docker.types.Ulimit(name=name, soft=soft, hard=hard)
             for name, (soft, hard) in self.ulimits.items()
         ]
-        command = [*self.command, *worker_argv(spec, self.tools, self.welcome_timeout)]
+        command = [*self.command, *worker_argv(spec, self.tools, self._welcome_timeout(spec))]
         keys = None
         if spec.worker_keys is not None and spec.server_key is not None:
             keys = _key_archive(spec.worker_keys.certificate())
@@ -231,6 +233,17 @@ class ContainerLauncher(WorkerLauncher):
         worker = _ContainerWorker(spec.worker_id, container)
         self._watch(worker)
         return worker
+
+    def _welcome_timeout(self, spec: WorkerSpec) -> float:
+        """How long the worker waits for its welcome after its hello: by default the heartbeat
+        deadline, the same silence after which a welcomed worker gives its supervisor up. A
+        supervisor killed (-9) during the start never welcomes it, and nothing else would end
+        the container before this (docs/scale-out.md, Containers)."""
+        if self.welcome_timeout is not None:
+            return self.welcome_timeout
+        if spec.heartbeat_interval > 0:
+            return spec.heartbeat_interval * HEARTBEAT_MISSES
+        return DEFAULT_WELCOME_TIMEOUT
 
     def _watch(self, worker: _ContainerWorker) -> None:
         """Resolve the worker's ``exit`` when its container stops (or can no longer be found:
