@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, final
 
 from andon.base import ConfigError, WorkerError
-from andon.fleet._engine_words import engine_address, engine_unreachable
+from andon.fleet._engine_words import API_VERSIONS, engine_address, engine_unreachable
 from andon.fleet._launch import (
     LaunchedWorker,
     PoolSetup,
@@ -141,11 +141,16 @@ class ContainerLauncher(WorkerLauncher):
         self._docker = docker
         self._setup = setup
 
+        # Known if the check before the run asked this engine already: no second version request.
+        version = API_VERSIONS.get(engine_address(self.base_url))
+
         def connect() -> Any:
             if self.base_url is None:
-                client = docker.from_env(timeout=self.engine_timeout)
+                client = docker.from_env(timeout=self.engine_timeout, version=version)
             else:
-                client = docker.DockerClient(base_url=self.base_url, timeout=self.engine_timeout)
+                client = docker.DockerClient(
+                    base_url=self.base_url, timeout=self.engine_timeout, version=version
+                )
             client.ping()
             return client
 

@@ -10,7 +10,8 @@ do in one line.
 The only sure test of the runtime, the ulimits, the mounts and the command is a container made
 and started with them: the check starts one (``--version`` appended to the command, so an andon
 in it would print its version and exit), kills it at once and lets ``auto_remove`` take it away.
-It costs one create and one start (~0.2 s on Podman 4.3).
+It costs one create and one start (~0.2 s on Podman 4.3); the engine's API version it asks
+first is kept for the launcher (``API_VERSIONS``), which then asks nothing of the kind again.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import contextlib
 import re
 import resource
 import secrets
+import threading
 from typing import Any, Final
 
 from andon.base import ConfigError
 from andon.fleet._container import ContainerLauncher
-from andon.fleet._engine_words import engine_address, engine_unreachable
+from andon.fleet._engine_words import API_VERSIONS, engine_address, engine_unreachable
 
 __all__ = ["check_container_engine"]
 
@@ -53,14 +55,14 @@ def check_container_engine(launcher: ContainerLauncher, *, timeout: float = 30.0
     try:
         # The engine's version first (what docker-py's negotiation asks anyway): it names a
         # Podman service's runtime, which the check needs, at no extra request.
-        probe = docker.APIClient(base_url=address, timeout=timeout, version=_MIN_API)
+        probe = _client(docker, launcher.base_url, timeout, _MIN_API)
         try:
             version = probe.version(api_version=False)
         finally:
             probe.close()
-        client = docker.DockerClient(
-            base_url=address, timeout=timeout, version=str(version.get("ApiVersion") or _MIN_API)
-        )
+        api = str(version.get("ApiVersion") or _MIN_API)
+        client = _client(docker, launcher.base_url, timeout, api)
+        API_VERSIONS[address] = api
     except Exception as e:  # a transport error of any kind: the engine is not there
         raise ConfigError(engine_unreachable(address, e)) from None
     try:
@@ -70,6 +72,14 @@ def check_container_engine(launcher: ContainerLauncher, *, timeout: float = 30.0
     finally:
         with contextlib.suppress(Exception):
             client.close()
+
+
+def _client(docker: Any, base_url: str | None, timeout: float, version: str) -> Any:
+    """A client as the launcher makes it: ``base_url``, else the environment's (``DOCKER_HOST``
+    with its TLS settings)."""
+    if base_url is None:
+        return docker.from_env(timeout=timeout, version=version)
+    return docker.DockerClient(base_url=base_url, timeout=timeout, version=version)
 
 
 def _check_runtime(runtime: str | None, version: dict[str, Any]) -> None:
@@ -116,6 +126,7 @@ def _trial(client: Any, launcher: ContainerLauncher, docker: Any) -> None:
     ]
     token = secrets.token_hex(6)
     container = None
+    started = False
     try:
         container = client.containers.create(
             launcher.image,
@@ -131,16 +142,25 @@ def _trial(client: Any, launcher: ContainerLauncher, docker: Any) -> None:
             init=False,
         )
         container.start()
+        started = True
     except docker.errors.DockerException as e:
         raise ConfigError(_refusal(client, launcher, e)) from None
     finally:
-        # A signal (``Stopped``) may land between the create and the start: the container goes
-        # either way. Killed, not stopped: no stop timeout to wait for.
-        if container is not None:
-            with contextlib.suppress(Exception):
-                container.kill()
+        if started:
+            # Killed (not stopped: no stop timeout), in the background: nothing waits for it,
+            # and ``auto_remove`` takes it away once it is dead (as it does if this process
+            # is gone first: its command, given ``--version``, ends by itself).
+            threading.Thread(target=_kill_quietly, args=(container,), daemon=True).start()
+        elif container is not None:
+            # Made, never started (the engine refused, or a signal landed in between): no
+            # process to end, so ``auto_remove`` never comes; removed now.
             with contextlib.suppress(Exception):
                 container.remove(force=True)
+
+
+def _kill_quietly(container: Any) -> None:
+    with contextlib.suppress(Exception):
+        container.kill()
 
 
 def _refusal(client: Any, launcher: ContainerLauncher, error: Exception) -> str:

@@ -1,14 +1,20 @@
-"""How a container engine that does not answer is named to a user: the address tried, and how to
-start one (shared by the launcher and the check before a run, ``_engine_check``)."""
+"""What the launcher and the check before a run (``_engine_check``) share about an engine: how one
+that does not answer is named to a user (the address tried, how to start one), and the API
+version an engine at an address gave earlier in this process."""
 
 from __future__ import annotations
 
 import os
 from typing import Final
 
-__all__ = ["engine_address", "engine_unreachable"]
+__all__ = ["API_VERSIONS", "engine_address", "engine_unreachable"]
 
 _DEFAULT_SOCKET: Final = "unix:///var/run/docker.sock"
+
+API_VERSIONS: Final[dict[str, str]] = {}
+"""address -> the API version its engine answered (the check before a run asks it): the
+launcher's client then skips docker-py's own version request, which Podman answers slowly
+(~0.5 s: it asks conmon and the runtime for theirs)."""
 
 
 def engine_address(base_url: str | None) -> str:
