@@ -85,6 +85,10 @@ class ContainerLauncher(WorkerLauncher):
     container gets ``network`` (default ``host``), and the worker's key pair is copied into the
     created container before it starts (``put_archive``, mode 0400), read by the worker and
     deleted before any tool runs: never on the command line, never in the environment.
+
+    ``welcome_timeout`` is how long a worker waits for its welcome after its hello (None: the
+    pool's heartbeat deadline, so that a container whose supervisor was killed during the start
+    ends as soon as a welcomed one would).
     """
 
     transport = "ipc"
