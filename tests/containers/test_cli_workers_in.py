@@ -3,6 +3,7 @@ from ``[containers]`` in andon.toml, against the real Podman service of the sess
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -141,6 +142,45 @@ def test_no_engine_at_the_socket_is_one_line_with_the_fix_and_exit_2(
     line = _one_line(stderr)
     assert f"no container engine answers at {socket} (no such socket)" in line
     assert "systemctl start podman.socket" in line
+    assert not made
+
+
+def test_an_engine_that_closes_the_connection_is_one_line_and_exit_2(
+    engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    """What a socket-activated Podman whose service cannot start (its default runtime is not
+    installed) does: the socket takes the connection, and closes it without an answer."""
+    import socket
+    import tempfile
+    import threading
+
+    folder = Path(tempfile.mkdtemp(prefix="andon-closing-"))  # short: a socket path's limit
+    path = folder / "engine.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+
+    def refuse() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                conn.close()
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    try:
+        url = f"unix://{path}"
+        (tmp_path / "andon.toml").write_text(_toml(engine_url).replace(engine_url, url))
+        stderr, made = _refused(tmp_path, worker_image)
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(10)
+        path.unlink(missing_ok=True)
+        folder.rmdir()
+    line = _one_line(stderr)
+    assert f"no container engine answers at {url} (it took the connection and closed it" in line
+    assert "systemctl status podman.service" in line
     assert not made
 
 

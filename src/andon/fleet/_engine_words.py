@@ -32,6 +32,14 @@ def engine_unreachable(address: str, error: BaseException | str) -> str:
         why = "nothing listens on the socket"
     elif "PermissionError" in text or "Permission denied" in text:
         why = "no permission to use the socket"
+    elif any(w in text for w in ("Connection aborted", "Connection reset", "RemoteDisconnected")):
+        # A socket-activated service that fails to start (Podman whose default runtime, crun
+        # say, is not installed) takes the connection and closes it without a word.
+        why = (
+            "it took the connection and closed it: its service failed to start? see "
+            "`systemctl status podman.service`; Podman stops at once when its default runtime "
+            "is not installed: install it, or start it as `podman --runtime runc system service`"
+        )
     else:
         why = " ".join(text.split())[:400]
     fix = "start it or point andon.toml's [containers] engine at the engine you run"
