@@ -210,3 +210,16 @@ def test_a_ulimit_the_engine_may_not_set_is_one_line_and_exit_2(
     assert "may not set ulimit nofile = [1073741824, 1073741824]" in line
     assert "set [containers] ulimits" in line
     assert not made
+
+
+def test_a_command_the_image_lacks_is_one_line_and_exit_2(
+    engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    command = json.dumps([sys.executable, "-m", "andon"])
+    toml = _toml(engine_url).replace(command, '["/nonexistent/andon"]')
+    (tmp_path / "andon.toml").write_text(toml)
+    stderr, made = _refused(tmp_path, worker_image)
+    line = _one_line(stderr)
+    assert f"the image {worker_image!r} has no '/nonexistent/andon'" in line
+    assert "set [containers] command" in line
+    assert not made
