@@ -3,6 +3,7 @@ from ``[containers]`` in andon.toml, against the real Podman service of the sess
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -94,21 +95,131 @@ def test_bad_container_settings_are_one_line_and_exit_2(
     )
 
 
-def test_a_missing_image_is_one_line_and_loses_nothing(
-    engine: Any, engine_url: str, tmp_path: Path
-) -> None:
-    (tmp_path / "andon.toml").write_text(_toml(engine_url))
+def _refused(tmp_path: Path, image: str) -> tuple[str, bool]:
+    """``andon run --json`` with the andon.toml in ``tmp_path``: its exit code must be 2; the
+    one line of stderr, and whether a session folder was made."""
     model = script(tmp_path / "s.json", [{"text": "never"}])
+    home = tmp_path / "h"
     result = run(
         "run",
+        "--json",
         "--workers-in",
-        "container:localhost/andon-no-such-image:1",
+        f"container:{image}",
         "--model",
         model,
         "go",
         cwd=tmp_path,
-        environ=env(ANDON_HOME=str(tmp_path / "h")),
+        environ=env(ANDON_HOME=str(home)),
     )
-    assert result.returncode in (1, 2), result.stderr
-    assert "no image 'localhost/andon-no-such-image:1'" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.returncode == 2, result.stderr
+    sessions = home / "sessions"
+    return result.stderr, sessions.exists() and any(sessions.iterdir())
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("andon: "), stderr
+    return lines[0]
+
+
+def test_a_missing_image_is_one_line_and_loses_nothing(
+    engine: Any, engine_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "andon.toml").write_text(_toml(engine_url))
+    image = "localhost/andon-no-such-image:1"
+    stderr, made = _refused(tmp_path, image)
+    line = _one_line(stderr)
+    assert f"no image {image!r}" in line and f"andon never pulls: `podman pull {image}`" in line
+    assert not made
+
+
+def test_no_engine_at_the_socket_is_one_line_with_the_fix_and_exit_2(
+    engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    socket = f"unix://{tmp_path / 'no-engine.sock'}"
+    (tmp_path / "andon.toml").write_text(_toml(engine_url).replace(engine_url, socket))
+    stderr, made = _refused(tmp_path, worker_image)
+    line = _one_line(stderr)
+    assert f"no container engine answers at {socket} (no such socket)" in line
+    assert "systemctl start podman.socket" in line
+    assert not made
+
+
+def test_an_engine_that_closes_the_connection_is_one_line_and_exit_2(
+    engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    """What a socket-activated Podman whose service cannot start (its default runtime is not
+    installed) does: the socket takes the connection, and closes it without an answer."""
+    import socket
+    import tempfile
+    import threading
+
+    folder = Path(tempfile.mkdtemp(prefix="andon-closing-"))  # short: a socket path's limit
+    path = folder / "engine.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+
+    def refuse() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                conn.close()
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    try:
+        url = f"unix://{path}"
+        (tmp_path / "andon.toml").write_text(_toml(engine_url).replace(engine_url, url))
+        stderr, made = _refused(tmp_path, worker_image)
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(10)
+        path.unlink(missing_ok=True)
+        folder.rmdir()
+    line = _one_line(stderr)
+    assert f"no container engine answers at {url} (it took the connection and closed it" in line
+    assert "systemctl status podman.service" in line
+    assert not made
+
+
+def test_a_runtime_the_engine_does_not_run_is_one_line_and_exit_2(
+    engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    toml = _toml(engine_url).replace('runtime = "runc"', 'runtime = "andon-no-such-runtime"')
+    (tmp_path / "andon.toml").write_text(toml)
+    stderr, made = _refused(tmp_path, worker_image)
+    line = _one_line(stderr)
+    # Podman: the check sees the service runs another runtime; Docker: its create refuses it.
+    assert "runtime 'andon-no-such-runtime' is not installed or not known" in line
+    assert not made
+
+
+def test_a_ulimit_the_engine_may_not_set_is_one_line_and_exit_2(
+    engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    # Above the kernel's fs.nr_open (1048576 unless raised): refused even to root.
+    toml = (
+        _toml(engine_url).split("ulimits = ")[0]
+        + "ulimits = { nofile = [1073741824, 1073741824] }\n"
+    )
+    (tmp_path / "andon.toml").write_text(toml)
+    stderr, made = _refused(tmp_path, worker_image)
+    line = _one_line(stderr)
+    assert "may not set ulimit nofile = [1073741824, 1073741824]" in line
+    assert "set [containers] ulimits" in line
+    assert not made
+
+
+def test_a_command_the_image_lacks_is_one_line_and_exit_2(
+    engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    command = json.dumps([sys.executable, "-m", "andon"])
+    toml = _toml(engine_url).replace(command, '["/nonexistent/andon"]')
+    (tmp_path / "andon.toml").write_text(toml)
+    stderr, made = _refused(tmp_path, worker_image)
+    line = _one_line(stderr)
+    assert f"the image {worker_image!r} has no '/nonexistent/andon'" in line
+    assert "set [containers] command" in line
+    assert not made

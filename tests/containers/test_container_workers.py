@@ -296,6 +296,16 @@ async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(
         return made[-1]
 
     monkeypatch.setattr(ContainerCollection, "create", held_create)
+    from docker.models.containers import Container
+
+    start_container = Container.start
+    started: list[str] = []
+
+    def recorded_start(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started.append(self.id)
+        return start_container(self, *args, **kwargs)
+
+    monkeypatch.setattr(Container, "start", recorded_start)
     try:
         spec = WorkerSpec("w1", f"ipc://{runtime}/nobody.sock", heartbeat_interval=1.0)
         starting = asyncio.create_task(launcher.start(spec))
@@ -312,8 +322,10 @@ async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(
                 )
             )
 
-        # Created, then removed by the start's own clean-up (nothing else sweeps here).
+        # Created, then removed by the start's own clean-up (nothing else sweeps here), and never
+        # started: no worker ran in it for a moment.
         assert await asyncio.to_thread(_wait_for, lambda: bool(made) and not ours(), 30)
+        assert started == []
     finally:
         release.set()
         await launcher.aclose()

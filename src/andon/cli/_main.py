@@ -356,6 +356,7 @@ def _job(args: argparse.Namespace) -> RunJob:
     from andon.cli._settings import resolve
     from andon.cli._setup import job_base, read_existing, refuse_invalid
     from andon.cli._structured import SchemaModel, check_output_file, load_output_schema
+    from andon.cli._workers import check_workers_in
 
     settings = resolve(vars(args))
     # The output flags are checked first: a schema or a file that cannot work spends no model
@@ -391,6 +392,10 @@ def _job(args: argparse.Namespace) -> RunJob:
         prompt = _read_stdin()
     if prompt is not None and not prompt.strip():
         raise ConfigError("the prompt is empty")
+    # The container engine is asked before a session folder is made: a missing engine, image
+    # or runtime, or a ulimit it may not set, is one line and exit 2 (docs/scale-out.md,
+    # Containers).
+    check_workers_in(settings.workers_in, settings.containers, base.cwd)
     sid: str | None = None
     if existing is not None:
         session = existing.folder

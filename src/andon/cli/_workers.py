@@ -27,7 +27,14 @@ from andon.cli._remote import remote_kind
 if TYPE_CHECKING:
     from andon.fleet import WorkerLauncher
 
-__all__ = ["CONTAINERS", "ContainerSettings", "launcher_of", "parse_containers", "workers_in"]
+__all__ = [
+    "CONTAINERS",
+    "ContainerSettings",
+    "check_workers_in",
+    "launcher_of",
+    "parse_containers",
+    "workers_in",
+]
 
 CONTAINERS: Final = "containers"
 """The ``andon.toml`` table of the container engine's settings."""
@@ -145,3 +152,15 @@ def launcher_of(
         command=containers.command,
         tools=containers.tools,
     )
+
+
+def check_workers_in(where: str, containers: ContainerSettings, cwd: str | None) -> None:
+    """For ``container:IMAGE``: ask the engine, before anything is made, whether it would start
+    the workers (``andon.fleet.check_container_engine``); raise ``ConfigError`` if not."""
+    launcher = launcher_of(where, containers, cwd)
+    if launcher is None:
+        return
+    from andon.fleet import ContainerLauncher, check_container_engine
+
+    assert isinstance(launcher, ContainerLauncher)
+    check_container_engine(launcher)

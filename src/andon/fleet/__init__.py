@@ -14,6 +14,7 @@ or write a launcher (``WorkerLauncher`` with ``WorkerSpec``, ``PoolSetup`` and
 from andon.fleet._adopt import AdoptLauncher
 from andon.fleet._command import CommandLauncher
 from andon.fleet._container import ContainerLauncher, Mount, host_mounts
+from andon.fleet._engine_check import check_container_engine
 from andon.fleet._forkserver import ForkserverLauncher
 from andon.fleet._launch import LaunchedWorker, PoolSetup, WorkerLauncher, WorkerSpec
 from andon.fleet._pod import PodLauncher
@@ -38,5 +39,6 @@ __all__ = [
     "WorkerPool",
     "WorkerPoolConfig",
     "WorkerSpec",
+    "check_container_engine",
     "host_mounts",
 ]

@@ -21,11 +21,13 @@ import asyncio
 import contextlib
 import io
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, final
 
 from andon.base import ConfigError, WorkerError
+from andon.fleet._engine_words import API_VERSIONS, engine_address, engine_unreachable
 from andon.fleet._launch import (
     LaunchedWorker,
     PoolSetup,
@@ -34,6 +36,7 @@ from andon.fleet._launch import (
     server_key_argument,
     worker_argv,
 )
+from andon.fleet._pool import HEARTBEAT_MISSES
 from andon.fleet._threads import EngineThreads
 
 __all__ = ["ContainerLauncher", "Mount"]
@@ -43,6 +46,7 @@ _log = logging.getLogger("andon.pool")
 POOL_LABEL = "andon.pool"
 _KEY_FILE = "andon-worker.key_secret"  # at the root of the container, until the worker reads it
 WORKER_LABEL = "andon.worker"
+DEFAULT_WELCOME_TIMEOUT = 60.0  # a pool without heartbeats (none starts containers so)
 
 
 @final
@@ -81,6 +85,10 @@ class ContainerLauncher(WorkerLauncher):
     container gets ``network`` (default ``host``), and the worker's key pair is copied into the
     created container before it starts (``put_archive``, mode 0400), read by the worker and
     deleted before any tool runs: never on the command line, never in the environment.
+
+    ``welcome_timeout`` is how long a worker waits for its welcome after its hello (None: the
+    pool's heartbeat deadline, so that a container whose supervisor was killed during the start
+    ends as soon as a welcomed one would).
     """
 
     transport = "ipc"
@@ -101,7 +109,7 @@ class ContainerLauncher(WorkerLauncher):
         tools: str = "default",
         environment: Mapping[str, str] | None = None,
         engine_timeout: float = 60.0,
-        welcome_timeout: float = 60.0,
+        welcome_timeout: float | None = None,
         transport: str = "ipc",
         network: str | None = None,
     ) -> None:
@@ -137,25 +145,29 @@ class ContainerLauncher(WorkerLauncher):
         self._docker = docker
         self._setup = setup
 
+        # Known if the check before the run asked this engine already: no second version request.
+        version = API_VERSIONS.get(engine_address(self.base_url))
+
         def connect() -> Any:
             if self.base_url is None:
-                client = docker.from_env(timeout=self.engine_timeout)
+                client = docker.from_env(timeout=self.engine_timeout, version=version)
             else:
-                client = docker.DockerClient(base_url=self.base_url, timeout=self.engine_timeout)
+                client = docker.DockerClient(
+                    base_url=self.base_url, timeout=self.engine_timeout, version=version
+                )
             client.ping()
             return client
 
         try:
             self._client = await self._engine.run(connect, "connect")
         except Exception as e:
-            where = self.base_url or "the default engine (DOCKER_HOST)"
-            raise WorkerError(f"cannot reach the container engine at {where}: {e}") from None
+            raise WorkerError(engine_unreachable(engine_address(self.base_url), e)) from None
         try:
             await self._engine.run(lambda: self._client.images.get(self.image), "image")
-        except docker.errors.ImageNotFound:
+        except docker.errors.NotFound:  # ImageNotFound is one; podman 4.3 answers plain NotFound
             raise ConfigError(
-                f"the container engine has no image {self.image!r} (andon never pulls one: "
-                f"pull or build it first)"
+                f"the container engine has no image {self.image!r}: andon never pulls: "
+                f"`podman pull {self.image}` (or `docker pull`) or build it"
             ) from None
 
     async def start(self, spec: WorkerSpec) -> LaunchedWorker:
@@ -175,7 +187,7 @@ class ContainerLauncher(WorkerLauncher):
             docker.types.Ulimit(name=name, soft=soft, hard=hard)
             for name, (soft, hard) in self.ulimits.items()
         ]
-        command = [*self.command, *worker_argv(spec, self.tools, self.welcome_timeout)]
+        command = [*self.command, *worker_argv(spec, self.tools, self._welcome_timeout(spec))]
         keys = None
         if spec.worker_keys is not None and spec.server_key is not None:
             keys = _key_archive(spec.worker_keys.certificate())
@@ -185,6 +197,10 @@ class ContainerLauncher(WorkerLauncher):
         environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}
         for hidden in setup.hidden_env:
             environment.pop(hidden, None)  # no model key in a worker, even one passed on purpose
+
+        # Set when the start is given up (the pool closed, a signal): a create the engine answers
+        # after that is removed at once, never started.
+        given_up = threading.Event()
 
         def create_and_start() -> Any:
             container = self._client.containers.create(
@@ -202,6 +218,8 @@ class ContainerLauncher(WorkerLauncher):
                 init=False,  # the worker is PID 1: it reaps, and it handles SIGTERM itself
             )
             try:
+                if given_up.is_set():
+                    raise _GivenUp
                 if keys is not None:
                     container.put_archive("/", keys)
                 container.start()
@@ -211,10 +229,12 @@ class ContainerLauncher(WorkerLauncher):
                 raise
             return container
 
+        starting = self._engine.run(
+            create_and_start, f"start-{spec.worker_id}", orphan=_remove_quietly
+        )
+        starting.add_done_callback(lambda f: given_up.set() if f.cancelled() else None)
         try:
-            container = await self._engine.run(
-                create_and_start, f"start-{spec.worker_id}", orphan=_remove_quietly
-            )
+            container = await starting
         except docker.errors.DockerException as e:
             raise WorkerError(
                 f"the engine could not start worker {spec.worker_id}: {e}", worker=spec.worker_id
@@ -222,6 +242,17 @@ class ContainerLauncher(WorkerLauncher):
         worker = _ContainerWorker(spec.worker_id, container)
         self._watch(worker)
         return worker
+
+    def _welcome_timeout(self, spec: WorkerSpec) -> float:
+        """How long the worker waits for its welcome after its hello: by default the heartbeat
+        deadline, the same silence after which a welcomed worker gives its supervisor up. A
+        supervisor killed (-9) during the start never welcomes it, and nothing else would end
+        the container before this (docs/scale-out.md, Containers)."""
+        if self.welcome_timeout is not None:
+            return self.welcome_timeout
+        if spec.heartbeat_interval > 0:
+            return spec.heartbeat_interval * HEARTBEAT_MISSES
+        return DEFAULT_WELCOME_TIMEOUT
 
     def _watch(self, worker: _ContainerWorker) -> None:
         """Resolve the worker's ``exit`` when its container stops (or can no longer be found:
@@ -248,7 +279,8 @@ class ContainerLauncher(WorkerLauncher):
     def _remove(self, worker: _ContainerWorker) -> None:
         docker = self._docker
 
-        def remove() -> None:
+        def remove() -> bool:
+            """Whether the container is gone (force: SIGKILL, no stop timeout to wait for)."""
             try:
                 worker.container.remove(force=True)
             except docker.errors.NotFound:
@@ -256,9 +288,16 @@ class ContainerLauncher(WorkerLauncher):
             except docker.errors.APIError as e:
                 if e.status_code != 409:  # 409: its removal is already under way
                     _log.warning("could not remove %s: %s", worker.describe(), e)
+                return False
+            return True
 
-        removal = self._engine.run(remove, f"remove-{worker.worker_id}")
-        removal.add_done_callback(lambda f: f.cancelled() or f.exception())
+        def removed(future: asyncio.Future[bool]) -> None:
+            # Gone is exited: the pool's stop waits for this, not for the engine's answer to the
+            # watch's ``wait`` (which a slow engine, or one over ssh, may give much later).
+            if not future.cancelled() and future.exception() is None and future.result():
+                worker._set_exited()
+
+        self._engine.run(remove, f"remove-{worker.worker_id}").add_done_callback(removed)
 
     def release(self, worker: LaunchedWorker) -> None:
         # auto_remove takes an exited container away; a worker written off while its container
@@ -271,31 +310,46 @@ class ContainerLauncher(WorkerLauncher):
         """Remove whatever is left with this pool's label, then wait (bounded) for the engine
         calls still running."""
         client, setup = self._client, self._setup
-        # A start still in flight could create a container after the sweep: wait for it first
-        # (a start whose caller is gone removes what it made itself).
-        await asyncio.to_thread(self._engine.join_starts, self.engine_timeout)
         if client is not None and setup is not None:
-
-            def sweep() -> None:
-                # sparse: no inspection of each container found. A container removed between
-                # the list and its inspection (its own start's clean-up) would fail the whole
-                # list, and the rest of the pool's containers would stay.
-                found = client.containers.list(
-                    all=True, filters={"label": f"{POOL_LABEL}={setup.identity}"}, sparse=True
-                )
-                for container in found:
-                    with contextlib.suppress(Exception):
-                        container.remove(force=True)
-
-            try:
-                await asyncio.wait_for(self._engine.run(sweep, "sweep"), self.engine_timeout)
-            except Exception as e:
-                _log.warning("could not sweep this pool's containers: %s", e)
-        await asyncio.to_thread(self._engine.join, self.engine_timeout)
+            # First at once: a container created but still starting is removed now, so that its
+            # start fails fast instead of being waited for. Then the starts still in flight are
+            # waited for (a create only the engine's answer can settle; a start whose caller is
+            # gone removes what it made itself, never starting it), and swept again.
+            await self._sweep(client, setup.identity)
+            await asyncio.to_thread(self._engine.join_starts, self.engine_timeout)
+            await self._sweep(client, setup.identity)
+        else:
+            await asyncio.to_thread(self._engine.join_starts, self.engine_timeout)
+        # Not the watches (``wait``): a removed container's is answered when the engine gets to
+        # it, and nothing waits for it any more.
+        await asyncio.to_thread(self._engine.join, self.engine_timeout, "wait-")
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
             self._client = None
+
+    async def _sweep(self, client: Any, identity: str) -> None:
+        """Remove every container with this pool's label."""
+
+        def sweep() -> None:
+            # sparse: no inspection of each container found. A container removed between the
+            # list and its inspection (its own start's clean-up) would fail the whole list, and
+            # the rest of the pool's containers would stay.
+            found = client.containers.list(
+                all=True, filters={"label": f"{POOL_LABEL}={identity}"}, sparse=True
+            )
+            for container in found:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+
+        try:
+            await asyncio.wait_for(self._engine.run(sweep, "sweep"), self.engine_timeout)
+        except Exception as e:
+            _log.warning("could not sweep this pool's containers: %s", e)
+
+
+class _GivenUp(Exception):
+    """The start was given up while the engine created its container."""
 
 
 def _remove_quietly(container: Any) -> None:

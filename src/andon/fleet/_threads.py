@@ -90,10 +90,14 @@ class EngineThreads:
         """Wait (blocking, bounded) for the start requests still running."""
         self._join(lambda: self._starts, timeout)
 
-    def join(self, timeout: float) -> None:
+    def join(self, timeout: float, skip: str | None = None) -> None:
         """Wait (blocking, bounded) for every thread, including those started meanwhile (an
-        orphan's clean-up)."""
-        self._join(lambda: self._threads, timeout)
+        orphan's clean-up), but those whose request name starts with ``skip``."""
+        prefix = None if skip is None else f"{self._prefix}-{skip}"
+        self._join(
+            lambda: {t for t in self._threads if prefix is None or not t.name.startswith(prefix)},
+            timeout,
+        )
 
     def _join(self, which: Callable[[], set[threading.Thread]], timeout: float) -> None:
         deadline = time.monotonic() + timeout
