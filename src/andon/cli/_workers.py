@@ -11,11 +11,19 @@ The engine and what a container gets come from the ``[containers]`` table of ``a
     tools = "default"                            # or MODULE:NAME, imported in the container
     mounts = ["/opt/cache:/opt/cache:ro"]        # SOURCE:TARGET[:ro|rw]; the workspace is added
     ulimits = { nofile = [1024, 1024] }
+    user = "1000:1000"                           # default: the invoking user; "image": its USER
+    userns = "host"                              # user-namespace mode (default: the engine's)
+
+The containers run as the invoking user (its uid and gid) unless ``user`` says otherwise: what
+the tools write in the bind-mounted workspace then belongs to whoever ran ``andon run``, and the
+worker may enter the pool's private socket folder, which is theirs (docs/scale-out.md, Who the
+tools run as).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +34,14 @@ from andon.base import ConfigError
 if TYPE_CHECKING:
     from andon.fleet import WorkerLauncher
 
-__all__ = ["CONTAINERS", "ContainerSettings", "launcher_of", "parse_containers", "workers_in"]
+__all__ = [
+    "CONTAINERS",
+    "ContainerSettings",
+    "invoking_user",
+    "launcher_of",
+    "parse_containers",
+    "workers_in",
+]
 
 CONTAINERS: Final = "containers"
 """The ``andon.toml`` table of the container engine's settings."""
@@ -40,6 +55,9 @@ class ContainerSettings:
     tools: str = "default"
     mounts: tuple[tuple[str, str, bool], ...] = ()  # (source, target, read only)
     ulimits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    user: str | None = None  # "UID[:GID]"; None: the invoking user's
+    image_user: bool = False  # user = "image": the image's own USER
+    userns: str | None = None
 
 
 def workers_in(text: str) -> str:
@@ -58,7 +76,7 @@ def parse_containers(table: object, path: Path) -> ContainerSettings:
     where = f"{path}: [{CONTAINERS}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    known = {"engine", "runtime", "command", "tools", "mounts", "ulimits"}
+    known = {"engine", "runtime", "command", "tools", "mounts", "ulimits", "user", "userns"}
     for key in table:
         if key not in known:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
@@ -82,6 +100,23 @@ def parse_containers(table: object, path: Path) -> ContainerSettings:
         values["mounts"] = tuple(_mount(m, where) for m in mounts)
     if "ulimits" in table:
         values["ulimits"] = _ulimits(table["ulimits"], where)
+    if "user" in table:
+        user = table["user"]
+        if user == "image":
+            values["image_user"] = True
+        elif isinstance(user, str) and re.fullmatch(r"\d+(:\d+)?", user):
+            values["user"] = user
+        else:
+            raise ConfigError(
+                f"{where}: user must be 'UID', 'UID:GID' (numeric) or 'image' (got {user!r})"
+            )
+    if "userns" in table:
+        if table["userns"] != "host":
+            raise ConfigError(
+                f"{where}: userns must be 'host' (got {table['userns']!r}); leave it out for "
+                f"the engine's default"
+            )
+        values["userns"] = "host"
     return ContainerSettings(**values)
 
 
@@ -130,6 +165,9 @@ def launcher_of(
     mounts = [Mount(s, t, ro) for s, t, ro in containers.mounts]
     if not any(m.target == workspace for m in mounts):
         mounts.append(Mount(workspace, workspace, read_only=False))
+    user = containers.user
+    if user is None and not containers.image_user:
+        user = invoking_user()
     return ContainerLauncher(
         image,
         base_url=containers.engine,
@@ -138,4 +176,11 @@ def launcher_of(
         ulimits=containers.ulimits,
         command=containers.command,
         tools=containers.tools,
+        user=user,
+        userns=containers.userns,
     )
+
+
+def invoking_user() -> str:
+    """``UID:GID`` of this process: who a container's tools run as by default."""
+    return f"{os.getuid()}:{os.getgid()}"
