@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from andon import cancel, procs
-from andon.base import ErrorCode, GracePolicy
+from andon.base import AndonError, ErrorCode, GracePolicy
 from andon.fleet import ContainerLauncher, TcpListen, WorkerPool, WorkerPoolConfig, host_mounts
 from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.testing import host_mount_paths, worker_ulimits
@@ -293,6 +293,36 @@ async def test_a_worker_run_as_another_user_reads_its_keys_and_its_tools_files_a
     made = (workspace / "made.txt").stat()
     assert (made.st_uid, made.st_gid) == (uid, gid)
     assert _ours(engine, pool) == []
+
+
+async def test_the_launcher_learns_the_api_version_from_the_ping_not_from_version(
+    engine_url: str, worker_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker-py's own negotiation asks ``GET /version``, which Podman answers slowly: the
+    launcher reads the version from ``/_ping``, and never asks ``/version`` (made to fail here)."""
+    import docker
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise docker.errors.APIError("GET /version asked")
+
+    monkeypatch.setattr(docker.APIClient, "version", refused)
+    config = WorkerPoolConfig(size=1, heartbeat_interval=INTERVAL, start_timeout=60)
+    launcher = _launcher(engine_url, worker_image, tmp_path)
+    async with WorkerPool(config, default(), launcher=launcher) as pool:
+        executor = ToolExecutor(pool, pool.registry)
+        task, _, _ = await start(executor, _bash("c1-1-1", "echo hi", tmp_path))
+        outcome = await asyncio.wait_for(task, 60)
+    assert outcome.error is None and "hi" in outcome.content, outcome
+
+
+async def test_an_engine_that_is_not_there_is_one_line(tmp_path: Path, worker_image: str) -> None:
+    launcher = _launcher(f"unix://{tmp_path}/no-engine.sock", worker_image, tmp_path)
+    with pytest.raises(AndonError) as caught:
+        async with WorkerPool(WorkerPoolConfig(size=1), default(), launcher=launcher):
+            pass
+    assert f"cannot reach the container engine at unix://{tmp_path}/no-engine.sock" in str(
+        caught.value
+    )
 
 
 async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(

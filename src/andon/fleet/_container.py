@@ -161,12 +161,7 @@ class ContainerLauncher(WorkerLauncher):
         self._check_user_reaches(setup)
 
         def connect() -> Any:
-            if self.base_url is None:
-                client = docker.from_env(timeout=self.engine_timeout)
-            else:
-                client = docker.DockerClient(base_url=self.base_url, timeout=self.engine_timeout)
-            client.ping()
-            return client
+            return _connect(docker, self.base_url, self.engine_timeout)
 
         try:
             self._client = await self._engine.run(connect, "connect")
@@ -378,3 +373,39 @@ def _key_archive(certificate: bytes, user: str | None) -> bytes:
         info.size, info.mode, info.uid, info.gid = len(certificate), 0o400, uid, gid
         tar.addfile(info, io.BytesIO(certificate))
     return buffer.getvalue()
+
+
+def _connect(docker: Any, base_url: str | None, timeout: float) -> Any:
+    """A docker-py client for the engine at ``base_url`` (None: ``DOCKER_HOST`` and the rest of
+    the environment, as ``docker.from_env``), speaking the API version that ``/_ping`` names in
+    its ``API-Version`` header (capped at docker-py's own); the ping also proves the engine
+    answers. docker-py's own negotiation asks ``GET /version`` instead, which Podman answers only
+    after asking its runtime and conmon for theirs: about 0.4 s of every pool's start
+    (docs/benchmarks.md, Container workers). An engine whose ping names no version gets
+    docker-py's negotiation."""
+    options = docker.utils.kwargs_from_env() if base_url is None else {"base_url": base_url}
+    url = str(options.get("base_url") or docker.constants.DEFAULT_UNIX_SOCKET)
+    if url.startswith(("unix://", "http+unix://")):
+        # Connect once first: docker-py leaks (ResourceWarning) the socket of a unix connection
+        # that fails, and a missing socket is the usual way this one fails.
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+            first.settimeout(timeout)
+            first.connect(url.partition("unix://")[2])
+    least = docker.constants.MINIMUM_DOCKER_API_VERSION
+    probe = docker.APIClient(version=least, timeout=timeout, **options)
+    try:
+        response = probe.get(f"{probe.base_url}/_ping")
+        try:
+            response.raise_for_status()
+            spoken = response.headers.get("API-Version", "")
+        finally:
+            response.close()
+    finally:
+        probe.close()
+    if re.fullmatch(r"\d+\.\d+", spoken) is None:
+        return docker.DockerClient(version="auto", timeout=timeout, **options)
+    most = docker.constants.DEFAULT_DOCKER_API_VERSION
+    version = min(spoken, most, key=lambda v: tuple(int(part) for part in v.split(".")))
+    return docker.DockerClient(version=version, timeout=timeout, **options)
