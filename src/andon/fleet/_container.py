@@ -220,8 +220,8 @@ class ContainerLauncher(WorkerLauncher):
             command.append(server_key_argument(spec.server_key))
             command += ["--keys", f"/{_KEY_FOLDER}/{_KEY_FILE}", "--forget-keys"]
         name = f"andon-{setup.identity}-{spec.worker_id}"
-        # Another user's HOME is whatever the engine finds for it in the image (/etc/passwd).
-        home = {"HOME": "/root"} if self._uid() in (None, 0) else {}
+        # Another user's HOME (the image's USER's too) is the engine's choice, from the image.
+        home = {"HOME": "/root"} if self._uid() == 0 else {}
         environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", **home, **self.environment}
         for hidden in setup.hidden_env:
             environment.pop(hidden, None)  # no model key in a worker, even one passed on purpose
