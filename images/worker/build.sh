@@ -5,7 +5,7 @@
 #
 # 1. A wheelhouse: andon's wheel (built from this checkout) and its dependencies' wheels for the
 #    image's Python (--python, default 3.11) and this machine's architecture, from PyPI (or the
-#    index pip is configured with).
+#    index pip is configured with), with the host's Python (PYTHON, default python3).
 # 2. With --no-registry: a minimal Debian bookworm (python3 3.11, python3-venv) made by
 #    debootstrap from a Debian package mirror (MIRROR, default deb.debian.org), imported as the
 #    base image localhost/andon-base:bookworm. Needs root (debootstrap) and debootstrap itself
@@ -23,6 +23,7 @@ python_version=3.11
 no_registry=false
 base=
 mirror=${MIRROR:-http://deb.debian.org/debian}
+python=${PYTHON:-python3}  # the host's Python with pip, which makes the wheelhouse
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -46,9 +47,9 @@ cp "$here/Containerfile" "$context/Containerfile"
 echo "== wheelhouse (Python $python_version, $(uname -m))"
 # andon itself is pure Python: built here whatever this machine's Python is. Its dependencies
 # are downloaded as binary wheels for the image's Python and architecture, not this machine's.
-python3 -m pip wheel --quiet --no-deps --wheel-dir "$context/wheelhouse" "$source_dir"
+"$python" -m pip wheel --quiet --no-deps --wheel-dir "$context/wheelhouse" "$source_dir"
 arch=$(uname -m)
-python3 -m pip download --quiet --only-binary=:all: --dest "$context/wheelhouse" \
+"$python" -m pip download --quiet --only-binary=:all: --dest "$context/wheelhouse" \
     --python-version "$python_version" --implementation cp \
     --platform "manylinux_2_28_$arch" --platform "manylinux_2_17_$arch" \
     --platform "manylinux2014_$arch" --platform "manylinux1_$arch" \

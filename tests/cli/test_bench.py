@@ -116,7 +116,7 @@ def test_a_users_image_runs_its_own_andon_as_the_invoking_user(tmp_path: Path) -
         launcher = _container_launcher(engine, str(tmp_path))
     assert launcher.command == ("andon",)
     assert [(m.source, m.read_only) for m in launcher.mounts] == [(str(tmp_path), False)]
-    assert launcher.user == f"{os.getuid()}:{os.getgid()}"
+    assert launcher.user == f"{os.getuid()}:{os.getgid()}"  # no socket there: not rootless
 
 
 def test_recovery_runs(capsys: pytest.CaptureFixture[str]) -> None:

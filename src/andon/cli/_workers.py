@@ -14,10 +14,10 @@ The engine and what a container gets come from the ``[containers]`` table of ``a
     user = "1000:1000"                           # default: the invoking user; "image": its USER
     userns = "host"                              # user-namespace mode (default: the engine's)
 
-The containers run as the invoking user (its uid and gid) unless ``user`` says otherwise: what
-the tools write in the bind-mounted workspace then belongs to whoever ran ``andon run``, and the
-worker may enter the pool's private socket folder, which is theirs (docs/scale-out.md, Who the
-tools run as).
+The containers run as the invoking user unless ``user`` says otherwise (its uid and gid; ``0:0``
+on a rootless engine, whose root is that user): what the tools write in the bind-mounted
+workspace then belongs to whoever ran ``andon run``, and the worker may enter the pool's private
+socket folder, which is theirs (docs/scale-out.md, Who the tools run as).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def launcher_of(
         mounts.append(Mount(workspace, workspace, read_only=False))
     user = containers.user
     if user is None and not containers.image_user:
-        user = invoking_user()
+        user = invoking_user(containers.engine)
     return ContainerLauncher(
         image,
         base_url=containers.engine,
@@ -181,6 +181,28 @@ def launcher_of(
     )
 
 
-def invoking_user() -> str:
-    """``UID:GID`` of this process: who a container's tools run as by default."""
-    return f"{os.getuid()}:{os.getgid()}"
+def invoking_user(engine: str | None) -> str:
+    """Who a container's tools run as by default (``UID:GID``): the ids that are this process's
+    user on the host, as the engine at ``engine`` (None: ``DOCKER_HOST``, else Docker's socket)
+    maps them. A rootful engine keeps ids as they are: this process's own. A rootless one
+    (rootless Podman or Docker) maps its containers' root to the user who runs it, and every other
+    id to a subordinate one: there ``0:0``. An engine on this machine whose socket belongs to this
+    (non-root) user is taken for a rootless one: a rootful engine's socket is root's."""
+    uid, gid = os.getuid(), os.getgid()
+    if uid != 0 and _own_socket(engine if engine is not None else os.environ.get("DOCKER_HOST")):
+        return "0:0"
+    return f"{uid}:{gid}"
+
+
+def _own_socket(url: str | None) -> bool:
+    """Whether the engine's socket on this machine belongs to this process's user."""
+    if not url:
+        path = "/var/run/docker.sock"
+    elif url.startswith(("unix://", "http+unix://")):
+        path = url.partition("unix://")[2]
+    else:
+        return False  # ssh://, tcp://: no socket file here to tell
+    try:
+        return os.stat(path).st_uid == os.getuid()
+    except OSError:
+        return False

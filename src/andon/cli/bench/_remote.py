@@ -126,7 +126,7 @@ def _container_launcher(engine: Engine, workspace: str) -> ContainerLauncher:
         runtime="runc",
         ulimits=engine.ulimits,
         command=engine.command,
-        user=invoking_user(),
+        user=invoking_user(engine.url),
     )
 
 
