@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,6 +101,22 @@ def test_interrupt_gains_rows_by_where_the_worker_runs(
 
 def test_engine_and_image_go_together() -> None:
     assert run(parse("dispatch", "--engine", "unix:///nowhere.sock")) == 2
+
+
+def test_a_users_image_runs_its_own_andon_as_the_invoking_user(tmp_path: Path) -> None:
+    """--engine URL --image IMAGE: the image's own ``andon`` (this machine's interpreter path
+    means nothing inside a real image), nothing of this machine mounted but the workspace, and
+    the invoking user's ids (the workspace and the pool's socket folder are theirs). No engine
+    is reached here: a real image built from the recipe is benchmarked by hand (docs/scale-out.md,
+    Building the worker image)."""
+    from andon.cli.bench._remote import _container_launcher, engine_for_bench
+
+    with engine_for_bench("unix:///nowhere.sock", "localhost/mine:1") as engine:
+        assert not isinstance(engine, str)
+        launcher = _container_launcher(engine, str(tmp_path))
+    assert launcher.command == ("andon",)
+    assert [(m.source, m.read_only) for m in launcher.mounts] == [(str(tmp_path), False)]
+    assert launcher.user == f"{os.getuid()}:{os.getgid()}"  # no socket there: not rootless
 
 
 def test_recovery_runs(capsys: pytest.CaptureFixture[str]) -> None:

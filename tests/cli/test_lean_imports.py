@@ -1,6 +1,8 @@
 """A run imports only what it needs (docs/benchmarks.md, Start-up): a scripted model loads no
 HTTP stack, a run without ``--output-schema`` no JSON Schema validator, a plain (not terminal) view
-no rich, a JSON script no YAML parser, and no run httpx's own command line.
+no rich, a JSON script no YAML parser, and no run httpx's own command line. ``andon worker`` (every
+container worker's start) imports the worker side only: not the rest of the command, not the
+model, session or supervisor layers (docs/benchmarks.md, Container workers).
 
 The command runs in a child interpreter through ``andon.cli.main``'s own start (the httpx line is
 set there), and reports ``sys.modules`` just before it leaves.
@@ -44,8 +46,23 @@ HEAVY = [
 ]
 
 
-def _loaded(tmp_path: Path, *args: str) -> list[str]:
-    environ = env(LEAN_WANTED=json.dumps(HEAVY))
+# What an agent run needs and a worker does not.
+NOT_IN_A_WORKER = [
+    *HEAVY,
+    "andon.cli._main",
+    "andon.cli._settings",
+    "andon.cli.bench",
+    "andon.llm",
+    "andon.session",
+    "andon.supervisor",
+    "andon.fleet",
+    "prompt_toolkit",
+    "dill",
+]
+
+
+def _loaded(tmp_path: Path, *args: str, wanted: list[str] = HEAVY) -> list[str]:
+    environ = env(LEAN_WANTED=json.dumps(wanted))
     done = subprocess.run(
         [sys.executable, "-c", _REPORT, json.dumps(list(args))],
         cwd=tmp_path,
@@ -82,3 +99,10 @@ def test_a_run_on_a_model_server_loads_httpx_but_not_its_command_line(tmp_path: 
     with MockModelServer([{"text": "done"}]) as server:
         loaded = _loaded(tmp_path, "run", "--model", f"{server.base_url}#mock", "hi")
     assert loaded == ["httpx", "httpx_sse"]
+
+
+def test_andon_worker_imports_the_worker_side_only(tmp_path: Path) -> None:
+    # Nobody welcomes it: it gives up after its welcome timeout (exit 0), having imported all it
+    # imports to serve.
+    args = ["worker", "--connect", f"ipc://{tmp_path}/nobody.sock", "--welcome-timeout", "0.3"]
+    assert _loaded(tmp_path, *args, wanted=NOT_IN_A_WORKER) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ def test_a_run_with_its_tools_in_a_container(
     # The tool ran in the container (its PID 1 is the worker) on the workspace, mounted at the
     # same path: the file is here, and the log is a normal, balanced one.
     assert (tmp_path / "where.txt").read_text().strip().startswith("pid1=python")
+    # As the invoking user (no `user` setting): the file is theirs.
+    written = (tmp_path / "where.txt").stat()
+    assert (written.st_uid, written.st_gid) == (os.getuid(), os.getgid())
     summary = json.loads(result.stdout.splitlines()[-1])
     session = Path(home / "sessions" / summary["session_id"])
     kinds = [r["type"] for r in records(session)]
@@ -78,6 +82,9 @@ def test_a_run_with_its_tools_in_a_container(
         ("[containers]\nulimits = { nofile = [2, 1] }\n", "SOFT <= HARD"),
         ("[containers]\nwhat = 1\n", "unknown key 'what'"),
         ("containers = 3\n", "must be a table"),
+        ("[containers]\nuser = 'bob'\n", "user must be 'UID', 'UID:GID' (numeric) or 'image'"),
+        ("[containers]\nuser = 1000\n", "user must be 'UID', 'UID:GID' (numeric) or 'image'"),
+        ("[containers]\nuserns = 'keep-id'\n", "userns must be 'host' (got 'keep-id')"),
     ],
 )
 def test_bad_container_settings_are_one_line_and_exit_2(
@@ -223,3 +230,28 @@ def test_a_command_the_image_lacks_is_one_line_and_exit_2(
     assert f"the image {worker_image!r} has no '/nonexistent/andon'" in line
     assert "set [containers] command" in line
     assert not made
+
+
+def test_a_user_who_cannot_reach_the_pools_socket_is_one_line_error(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    """The pool's socket folder is private to the invoking user: a worker running as someone
+    else (not root) could never dial it, and the run would wait its whole welcome timeout: it
+    is said before any container starts."""
+    if os.getuid() == 4321:
+        pytest.skip("the invoking user is the one this test names")
+    (tmp_path / "andon.toml").write_text(_toml(engine_url, 'user = "4321:4321"\n'))
+    model = script(tmp_path / "s.json", [{"text": "never"}])
+    result = run(
+        "run",
+        "--workers-in",
+        f"container:{worker_image}",
+        "--model",
+        model,
+        "go",
+        cwd=tmp_path,
+        environ=env(ANDON_HOME=str(tmp_path / "h")),
+    )
+    assert result.returncode in (1, 2), result.stderr
+    assert "the containers' user 4321:4321 cannot reach the pool's socket" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from andon import cancel, procs
-from andon.base import ErrorCode, GracePolicy
+from andon.base import AndonError, ErrorCode, GracePolicy
 from andon.fleet import ContainerLauncher, TcpListen, WorkerPool, WorkerPoolConfig, host_mounts
 from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.testing import host_mount_paths, worker_ulimits
@@ -43,7 +43,7 @@ def _marker() -> str:
 
 
 def _launcher(
-    engine_url: str, image: str, workspace: Path, transport: str = "ipc"
+    engine_url: str, image: str, workspace: Path, transport: str = "ipc", user: str | None = None
 ) -> ContainerLauncher:
     mounts = host_mounts([*host_mount_paths()])
     mounts += host_mounts([str(workspace)], read_only=False)
@@ -55,6 +55,7 @@ def _launcher(
         ulimits=worker_ulimits(),
         command=(sys.executable, "-m", "andon"),
         transport=transport,
+        user=user,
     )
 
 
@@ -259,12 +260,69 @@ async def test_a_container_worker_over_tcp_and_curve_has_its_keys_but_no_tool_ca
     async with WorkerPool(config, default(), launcher=launcher) as pool:
         assert pool.endpoint.startswith("tcp://127.0.0.1:")
         executor = ToolExecutor(pool, pool.registry)
-        command = "ls /andon-worker.key_secret 2>/dev/null || echo no-key-file; echo done"
+        command = "ls /andon-keys/* 2>/dev/null || echo no-key-file; echo done"
         task, _, _ = await start(executor, _bash("c1-1-1", command, tmp_path))
         outcome = await asyncio.wait_for(task, 60)
     assert outcome.error is None, outcome
     assert "no-key-file" in outcome.content and "done" in outcome.content
     assert _ours(engine, pool) == []
+
+
+async def test_a_worker_run_as_another_user_reads_its_keys_and_its_tools_files_are_that_users(
+    engine: Any, engine_url: str, worker_image: str, tmp_path: Path
+) -> None:
+    """``user``: the worker and its tools run as that uid:gid in the container; a file a tool
+    writes in the bind-mounted workspace belongs to that uid:gid on the host. Over tcp, whose
+    keys the worker must read and delete as that user (they are copied in before it starts)."""
+    uid, gid = 4321, 4322
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, uid, gid)
+    config = WorkerPoolConfig(
+        size=1, heartbeat_interval=INTERVAL, start_timeout=60, tcp=TcpListen("tcp://127.0.0.1:0")
+    )
+    launcher = _launcher(engine_url, worker_image, workspace, "tcp", user=f"{uid}:{gid}")
+    async with WorkerPool(config, default(), launcher=launcher) as pool:
+        executor = ToolExecutor(pool, pool.registry)
+        command = "id -u; id -g; echo hi > made.txt; ls -A /andon-keys; echo done"
+        task, _, _ = await start(executor, _bash("c1-1-1", command, workspace))
+        outcome = await asyncio.wait_for(task, 60)
+    assert outcome.error is None, outcome
+    # ids as asked; the keys folder is empty (read and deleted before the call)
+    assert outcome.content.split()[:3] == [str(uid), str(gid), "done"], outcome.content
+    made = (workspace / "made.txt").stat()
+    assert (made.st_uid, made.st_gid) == (uid, gid)
+    assert _ours(engine, pool) == []
+
+
+async def test_the_launcher_learns_the_api_version_from_the_ping_not_from_version(
+    engine_url: str, worker_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker-py's own negotiation asks ``GET /version``, which Podman answers slowly: the
+    launcher reads the version from ``/_ping``, and never asks ``/version`` (made to fail here)."""
+    import docker
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise docker.errors.APIError("GET /version asked")
+
+    monkeypatch.setattr(docker.APIClient, "version", refused)
+    config = WorkerPoolConfig(size=1, heartbeat_interval=INTERVAL, start_timeout=60)
+    launcher = _launcher(engine_url, worker_image, tmp_path)
+    async with WorkerPool(config, default(), launcher=launcher) as pool:
+        executor = ToolExecutor(pool, pool.registry)
+        task, _, _ = await start(executor, _bash("c1-1-1", "echo hi", tmp_path))
+        outcome = await asyncio.wait_for(task, 60)
+    assert outcome.error is None and "hi" in outcome.content, outcome
+
+
+async def test_an_engine_that_is_not_there_is_one_line(tmp_path: Path, worker_image: str) -> None:
+    launcher = _launcher(f"unix://{tmp_path}/no-engine.sock", worker_image, tmp_path)
+    with pytest.raises(AndonError) as caught:
+        async with WorkerPool(WorkerPoolConfig(size=1), default(), launcher=launcher):
+            pass
+    assert f"cannot reach the container engine at unix://{tmp_path}/no-engine.sock" in str(
+        caught.value
+    )
 
 
 async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(

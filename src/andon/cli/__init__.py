@@ -16,7 +16,7 @@ early phase), ``_ladder`` (what a signal does while the loop runs), ``_setup`` (
 agent options), ``_sessions`` (where sessions live), ``_output`` and ``_term`` (what is printed,
 plain and on a terminal), ``_liveness`` (lines that say a silent run is alive), ``_settings``
 (flags, ``ANDON_*``, ``andon.toml``), ``_prices``, ``_workers`` (``--workers-in``), ``_chat``,
-and ``bench`` (``andon bench``).
+``bench`` (``andon bench``), and ``_worker`` (``andon worker``, entered without ``_main``).
 
 The process also *leaves* from here: once the exit code is decided and stdout and stderr are
 flushed, ``os._exit``. Interpreter finalization restores the default action of every signal
@@ -46,7 +46,12 @@ def main() -> int:
     try:
         try:
             _prestart_forkserver(sys.argv[1:])
-            from andon.cli._main import main as cli_main
+            if sys.argv[1:2] == ["worker"]:
+                # A container's or a host's worker: the worker side only, not the whole command
+                # (andon.cli._worker).
+                from andon.cli._worker import main as cli_main
+            else:
+                from andon.cli._main import main as cli_main
 
             code = cli_main()
             if _signals.LEDGER.lost_stop and _signals.LEDGER.first is not None:

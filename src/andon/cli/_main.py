@@ -17,24 +17,24 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 from andon import __version__
 from andon.base import (
     AndonError,
     ConfigError,
-    ContainmentSetting,
     LogCorrupted,
     LogFormatUnsupported,
     SessionLive,
     clean_text,
     describe_error,
 )
+from andon.cli._parser import EXIT_USAGE
+from andon.cli._parser import Parser as _Parser
 
 if TYPE_CHECKING:
     from andon.cli._run import RunJob
@@ -44,24 +44,6 @@ __all__ = ["main"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit 2), not a usage dump; and a word that
-    starts with a minus and a digit (``--grace -1,2``, ``--workers -3``) is a (bad) value, never
-    a flag: no flag of andon starts with a digit."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"andon: {message} (see 'andon {self._sub_name()}--help')\n")
-
-    def _sub_name(self) -> str:
-        parts = self.prog.split()
-        return f"{parts[1]} " if len(parts) > 1 else ""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,47 +87,9 @@ def _parser() -> argparse.ArgumentParser:
 
     register_bench(sub)
 
-    worker = sub.add_parser(
-        "worker",
-        help="run a tool worker that dials a supervisor (a container's main process, a host)",
-    )
-    worker.add_argument(
-        "--connect", required=True, metavar="ENDPOINT", help="ipc://PATH or tcp://HOST:PORT"
-    )
-    worker.add_argument("--id", dest="worker_id", help="the id the supervisor gave this worker")
-    worker.add_argument(
-        "--tools", default="default", metavar="SPEC", help="'default' or MODULE:NAME to import"
-    )
-    worker.add_argument(
-        "--server-key",
-        metavar="KEY|FILE",
-        help="the supervisor's CURVE public key (tcp): 40 Z85 characters (write "
-        "--server-key=KEY, as one may begin with '-'), 64 hex digits, or a file holding it",
-    )
-    worker.add_argument(
-        "--keys", metavar="FILE|-", help="this worker's CURVE secret key file ('-': on stdin)"
-    )
-    worker.add_argument(
-        "--forget-keys",
-        action="store_true",
-        help="delete the --keys file once read (a launcher's copy: no tool may read it)",
-    )
-    worker.add_argument(
-        "--insecure", action="store_true", help="plain tcp, without CURVE (loopback only)"
-    )
-    worker.add_argument("--containment", choices=get_args(ContainmentSetting), default="auto")
-    worker.add_argument(
-        "--lifeline",
-        action="store_true",
-        help="stdin stays open while the launcher holds this worker; its end stops the worker",
-    )
-    worker.add_argument(
-        "--welcome-timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="exit if the supervisor has not accepted this worker by then (default 60)",
-    )
+    from andon.cli import _worker
+
+    _worker.add_arguments(sub.add_parser("worker", help=_worker.HELP))
 
     keys = sub.add_parser("keys", help="CURVE keys for tool workers on other hosts")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", parser_class=_Parser)
@@ -291,7 +235,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             return run_chat(args)
         case "worker":
-            return _worker(args)
+            from andon.cli._worker import run as run_worker
+
+            return run_worker(args)
         case "keys":
             return _keys(args)
         case "mock-model":
@@ -306,37 +252,6 @@ def _dispatch(args: argparse.Namespace) -> int:
                 argv += ["--overflow-shape", args.overflow_shape]
             return mock_model_main(argv)
     raise AssertionError(f"unhandled command {args.command!r}")
-
-
-def _worker(args: argparse.Namespace) -> int:
-    from andon.workers import WorkerProgram, default_worker_id, read_keys, run_worker_program
-
-    program = WorkerProgram(
-        endpoint=args.connect,
-        worker_id=args.worker_id or default_worker_id(),
-        tools=args.tools,
-        server_key=_server_key(args.server_key) if args.server_key else None,
-        keys=read_keys(args.keys, forget=args.forget_keys) if args.keys else None,
-        insecure=args.insecure,
-        containment=args.containment,
-        welcome_timeout=args.welcome_timeout,
-        lifeline=args.lifeline,
-    )
-    return run_worker_program(program)
-
-
-def _server_key(value: str) -> bytes:
-    """A public key (40 Z85 characters or 64 hex digits, as launchers write it), or a file
-    holding exactly one."""
-    from andon.protocol import key_from_text, load_public_keys
-
-    key = key_from_text(value)
-    if key is not None and not Path(value).exists():
-        return key
-    found = load_public_keys(Path(value))
-    if len(found) != 1:
-        raise ConfigError(f"--server-key {value}: holds {len(found)} keys, not one")
-    return next(iter(found))
 
 
 def _keys(args: argparse.Namespace) -> int:

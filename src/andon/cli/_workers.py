@@ -11,11 +11,19 @@ The engine and what a container gets come from the ``[containers]`` table of ``a
     tools = "default"                            # or MODULE:NAME, imported in the container
     mounts = ["/opt/cache:/opt/cache:ro"]        # SOURCE:TARGET[:ro|rw]; the workspace is added
     ulimits = { nofile = [1024, 1024] }
+    user = "1000:1000"                           # default: the invoking user; "image": its USER
+    userns = "host"                              # user-namespace mode (default: the engine's)
+
+The containers run as the invoking user unless ``user`` says otherwise (its uid and gid; ``0:0``
+on a rootless engine, whose root is that user): what the tools write in the bind-mounted
+workspace then belongs to whoever ran ``andon run``, and the worker may enter the pool's private
+socket folder, which is theirs (docs/scale-out.md, Who the tools run as).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +39,7 @@ __all__ = [
     "CONTAINERS",
     "ContainerSettings",
     "check_workers_in",
+    "invoking_user",
     "launcher_of",
     "parse_containers",
     "workers_in",
@@ -48,6 +57,9 @@ class ContainerSettings:
     tools: str = "default"
     mounts: tuple[tuple[str, str, bool], ...] = ()  # (source, target, read only)
     ulimits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    user: str | None = None  # "UID[:GID]"; None: the invoking user's
+    image_user: bool = False  # user = "image": the image's own USER
+    userns: str | None = None
 
 
 def workers_in(text: str) -> str:
@@ -71,7 +83,7 @@ def parse_containers(table: object, path: Path) -> ContainerSettings:
     where = f"{path}: [{CONTAINERS}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    known = {"engine", "runtime", "command", "tools", "mounts", "ulimits"}
+    known = {"engine", "runtime", "command", "tools", "mounts", "ulimits", "user", "userns"}
     for key in table:
         if key not in known:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
@@ -95,6 +107,23 @@ def parse_containers(table: object, path: Path) -> ContainerSettings:
         values["mounts"] = tuple(_mount(m, where) for m in mounts)
     if "ulimits" in table:
         values["ulimits"] = _ulimits(table["ulimits"], where)
+    if "user" in table:
+        user = table["user"]
+        if user == "image":
+            values["image_user"] = True
+        elif isinstance(user, str) and re.fullmatch(r"\d+(:\d+)?", user):
+            values["user"] = user
+        else:
+            raise ConfigError(
+                f"{where}: user must be 'UID', 'UID:GID' (numeric) or 'image' (got {user!r})"
+            )
+    if "userns" in table:
+        if table["userns"] != "host":
+            raise ConfigError(
+                f"{where}: userns must be 'host' (got {table['userns']!r}); leave it out for "
+                f"the engine's default"
+            )
+        values["userns"] = "host"
     return ContainerSettings(**values)
 
 
@@ -143,6 +172,9 @@ def launcher_of(
     mounts = [Mount(s, t, ro) for s, t, ro in containers.mounts]
     if not any(m.target == workspace for m in mounts):
         mounts.append(Mount(workspace, workspace, read_only=False))
+    user = containers.user
+    if user is None and not containers.image_user:
+        user = invoking_user(containers.engine)
     return ContainerLauncher(
         image,
         base_url=containers.engine,
@@ -151,6 +183,8 @@ def launcher_of(
         ulimits=containers.ulimits,
         command=containers.command,
         tools=containers.tools,
+        user=user,
+        userns=containers.userns,
     )
 
 
@@ -164,3 +198,30 @@ def check_workers_in(where: str, containers: ContainerSettings, cwd: str | None)
 
     assert isinstance(launcher, ContainerLauncher)
     check_container_engine(launcher)
+
+
+def invoking_user(engine: str | None) -> str:
+    """Who a container's tools run as by default (``UID:GID``): the ids that are this process's
+    user on the host, as the engine at ``engine`` (None: ``DOCKER_HOST``, else Docker's socket)
+    maps them. A rootful engine keeps ids as they are: this process's own. A rootless one
+    (rootless Podman or Docker) maps its containers' root to the user who runs it, and every other
+    id to a subordinate one: there ``0:0``. An engine on this machine whose socket belongs to this
+    (non-root) user is taken for a rootless one: a rootful engine's socket is root's."""
+    uid, gid = os.getuid(), os.getgid()
+    if uid != 0 and _own_socket(engine if engine is not None else os.environ.get("DOCKER_HOST")):
+        return "0:0"
+    return f"{uid}:{gid}"
+
+
+def _own_socket(url: str | None) -> bool:
+    """Whether the engine's socket on this machine belongs to this process's user."""
+    if not url:
+        path = "/var/run/docker.sock"
+    elif url.startswith(("unix://", "http+unix://")):
+        path = url.partition("unix://")[2]
+    else:
+        return False  # ssh://, tcp://: no socket file here to tell
+    try:
+        return os.stat(path).st_uid == os.getuid()
+    except OSError:
+        return False

@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import io
 import logging
+import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +46,11 @@ __all__ = ["ContainerLauncher", "Mount"]
 _log = logging.getLogger("andon.pool")
 
 POOL_LABEL = "andon.pool"
-_KEY_FILE = "andon-worker.key_secret"  # at the root of the container, until the worker reads it
+# The worker's key pair (tcp), in a folder of the container's user: the worker can read the file
+# and delete it (--forget-keys) whoever it runs as.
+_KEY_FOLDER = "andon-keys"
+_KEY_FILE = "andon-worker.key_secret"
+_USER = re.compile(r"(\d+)(?::(\d+))?")
 WORKER_LABEL = "andon.worker"
 DEFAULT_WELCOME_TIMEOUT = 60.0  # a pool without heartbeats (none starts containers so)
 
@@ -80,6 +86,14 @@ class ContainerLauncher(WorkerLauncher):
     hard)) pass to the engine as they are; ``tools`` is what the worker imports (``default`` or
     ``MODULE:NAME``), and must offer every tool of the session.
 
+    ``user`` (``"UID"`` or ``"UID:GID"``, numeric) is who the worker and its tools run as in the
+    container, so that what they write in a bind-mounted workspace belongs to that user on the
+    host (``andon run`` gives the invoking user's ids); None: the image's ``USER``. With the
+    ``ipc`` transport the user must be root or the owner of the pool's private folder (it holds
+    the socket, and only its owner may enter it). ``userns`` is the engine's user-namespace mode
+    for the container: ``"host"`` (with a Docker daemon that remaps user ids, the container's
+    ids are then the host's); None: the engine's default.
+
     ``transport="tcp"`` is for an engine on another host (``ssh://``), whose containers cannot
     reach a socket file of this one: the pool listens on tcp + CURVE (its config's ``tcp``), the
     container gets ``network`` (default ``host``), and the worker's key pair is copied into the
@@ -112,9 +126,17 @@ class ContainerLauncher(WorkerLauncher):
         welcome_timeout: float | None = None,
         transport: str = "ipc",
         network: str | None = None,
+        user: str | None = None,
+        userns: str | None = None,
     ) -> None:
         if transport not in ("ipc", "tcp"):
             raise ValueError("transport must be 'ipc' or 'tcp'")
+        if user is not None and _USER.fullmatch(user) is None:
+            raise ValueError(f"user must be 'UID' or 'UID:GID', numeric (got {user!r})")
+        if userns not in (None, "host"):
+            raise ValueError(f"userns must be 'host' or None (got {userns!r})")
+        self.user = user
+        self.userns = userns
         self.transport = transport  # type: ignore[assignment]
         self.network = network or ("none" if transport == "ipc" else "host")
         self.image = image
@@ -144,11 +166,14 @@ class ContainerLauncher(WorkerLauncher):
             ) from None
         self._docker = docker
         self._setup = setup
+        self._check_user_reaches(setup)
 
         # Known if the check before the run asked this engine already: no second version request.
         version = API_VERSIONS.get(engine_address(self.base_url))
 
         def connect() -> Any:
+            if version is None:
+                return _connect(docker, self.base_url, self.engine_timeout)
             if self.base_url is None:
                 client = docker.from_env(timeout=self.engine_timeout, version=version)
             else:
@@ -170,6 +195,26 @@ class ContainerLauncher(WorkerLauncher):
                 f"`podman pull {self.image}` (or `docker pull`) or build it"
             ) from None
 
+    def _check_user_reaches(self, setup: PoolSetup) -> None:
+        """The worker dials the socket in the pool's private folder (0700): as a user who may
+        not enter it, it would never say hello, and the pool would wait its welcome timeout for
+        nothing. Said at once instead (the ids seen by a rootful engine: a rootless one maps
+        them, docs/scale-out.md, Who the tools run as)."""
+        uid = self._uid()
+        if self.transport != "ipc" or uid is None or uid == 0:
+            return
+        owner = os.stat(setup.runtime_dir).st_uid
+        if uid != owner:
+            raise ConfigError(
+                f"the containers' user {self.user} cannot reach the pool's socket: its folder "
+                f"{setup.runtime_dir} is private to uid {owner} (run the containers as uid "
+                f"{owner}, the default, or as root)"
+            )
+
+    def _uid(self) -> int | None:
+        match = None if self.user is None else _USER.fullmatch(self.user)
+        return None if match is None else int(match.group(1))
+
     async def start(self, spec: WorkerSpec) -> LaunchedWorker:
         setup = self._setup
         docker = self._docker
@@ -190,11 +235,13 @@ class ContainerLauncher(WorkerLauncher):
         command = [*self.command, *worker_argv(spec, self.tools, self._welcome_timeout(spec))]
         keys = None
         if spec.worker_keys is not None and spec.server_key is not None:
-            keys = _key_archive(spec.worker_keys.certificate())
+            keys = _key_archive(spec.worker_keys.certificate(), self.user)
             command.append(server_key_argument(spec.server_key))
-            command += ["--keys", f"/{_KEY_FILE}", "--forget-keys"]
+            command += ["--keys", f"/{_KEY_FOLDER}/{_KEY_FILE}", "--forget-keys"]
         name = f"andon-{setup.identity}-{spec.worker_id}"
-        environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", **self.environment}
+        # Another user's HOME (the image's USER's too) is the engine's choice, from the image.
+        home = {"HOME": "/root"} if self._uid() == 0 else {}
+        environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", **home, **self.environment}
         for hidden in setup.hidden_env:
             environment.pop(hidden, None)  # no model key in a worker, even one passed on purpose
 
@@ -213,6 +260,8 @@ class ContainerLauncher(WorkerLauncher):
                 runtime=self.runtime,
                 ulimits=ulimits or None,
                 environment=environment,
+                user=self.user or "",
+                userns_mode=self.userns,
                 auto_remove=True,  # gone with its main process, even if this supervisor is gone
                 stop_signal="SIGTERM",
                 init=False,  # the worker is PID 1: it reaps, and it handles SIGTERM itself
@@ -368,14 +417,56 @@ def host_mounts(paths: Iterable[str], read_only: bool = True) -> list[Mount]:
     return [Mount(p, p, read_only) for p in chosen]
 
 
-def _key_archive(certificate: bytes) -> bytes:
-    """A tar holding the worker's key certificate, readable by its owner only."""
+def _key_archive(certificate: bytes, user: str | None) -> bytes:
+    """A tar holding the worker's key certificate in a folder of its own, both the container
+    user's only (``user``: ``UID[:GID]``; None: root, as the image's user is not known here)."""
     import tarfile  # only a container worker needs it: not imported with every local run
 
+    match = None if user is None else _USER.fullmatch(user)
+    uid = 0 if match is None else int(match.group(1))
+    gid = 0 if match is None or match.group(2) is None else int(match.group(2))
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo(_KEY_FILE)
-        info.size = len(certificate)
-        info.mode = 0o400
+        folder = tarfile.TarInfo(_KEY_FOLDER)
+        folder.type, folder.mode, folder.uid, folder.gid = tarfile.DIRTYPE, 0o700, uid, gid
+        tar.addfile(folder)
+        info = tarfile.TarInfo(f"{_KEY_FOLDER}/{_KEY_FILE}")
+        info.size, info.mode, info.uid, info.gid = len(certificate), 0o400, uid, gid
         tar.addfile(info, io.BytesIO(certificate))
     return buffer.getvalue()
+
+
+def _connect(docker: Any, base_url: str | None, timeout: float) -> Any:
+    """A docker-py client for the engine at ``base_url`` (None: ``DOCKER_HOST`` and the rest of
+    the environment, as ``docker.from_env``), speaking the API version that ``/_ping`` names in
+    its ``API-Version`` header (capped at docker-py's own); the ping also proves the engine
+    answers. docker-py's own negotiation asks ``GET /version`` instead, which Podman answers only
+    after asking its runtime and conmon for theirs: about 0.4 s of every pool's start
+    (docs/benchmarks.md, Container workers). An engine whose ping names no version gets
+    docker-py's negotiation."""
+    options = docker.utils.kwargs_from_env() if base_url is None else {"base_url": base_url}
+    url = str(options.get("base_url") or docker.constants.DEFAULT_UNIX_SOCKET)
+    if url.startswith(("unix://", "http+unix://")):
+        # Connect once first: docker-py leaks (ResourceWarning) the socket of a unix connection
+        # that fails, and a missing socket is the usual way this one fails.
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+            first.settimeout(timeout)
+            first.connect(url.partition("unix://")[2])
+    least = docker.constants.MINIMUM_DOCKER_API_VERSION
+    probe = docker.APIClient(version=least, timeout=timeout, **options)
+    try:
+        response = probe.get(f"{probe.base_url}/_ping")
+        try:
+            response.raise_for_status()
+            spoken = response.headers.get("API-Version", "")
+        finally:
+            response.close()
+    finally:
+        probe.close()
+    if re.fullmatch(r"\d+\.\d+", spoken) is None:
+        return docker.DockerClient(version="auto", timeout=timeout, **options)
+    most = docker.constants.DEFAULT_DOCKER_API_VERSION
+    version = min(spoken, most, key=lambda v: tuple(int(part) for part in v.split(".")))
+    return docker.DockerClient(version=version, timeout=timeout, **options)

@@ -137,9 +137,12 @@ def _trial(client: Any, launcher: ContainerLauncher, docker: Any) -> None:
             network_mode=launcher.network,
             runtime=launcher.runtime,
             ulimits=ulimits or None,
-            environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root"},
+            environment={"PATH": "/usr/local/bin:/usr/bin:/bin"},
             auto_remove=True,
             init=False,
+            # As the workers run: a user the image cannot start the command as fails here too.
+            user=launcher.user or "",
+            userns_mode=launcher.userns,
         )
         container.start()
         started = True

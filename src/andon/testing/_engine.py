@@ -285,7 +285,9 @@ def open_engine(*, env: Mapping[str, str] | None = None) -> Iterator[DockerClien
 # --- the image ----------------------------------------------------------------------------------
 
 _DIRS: Final = ("usr", "etc", "tmp", "proc", "sys", "dev", "root", "run", "work", "var", "var/tmp")
-_MODES: Final = {"tmp": 0o1777, "var/tmp": 0o1777, "root": 0o700}
+# /root is open to all (0755): a host Python under it (pyenv's ~/.pyenv), bind-mounted there, must
+# run for a container user other than root too (ContainerLauncher's ``user``).
+_MODES: Final = {"tmp": 0o1777, "var/tmp": 0o1777, "root": 0o755}
 # Merged /usr: these are symlinks into /usr on the host (then mirrored), or real folders (then
 # bind-mounted like /usr, see engine_host_mounts).
 _USR_LINKS: Final = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")

@@ -10,8 +10,10 @@ worker (:class:`ContainerLauncher`), each beside a floor measured in the same ru
 - interrupt: cancel -> result of a call running ``sleep``, beside the same stop without andon
   (a process group started here, SIGINT, wait).
 
-Container rows need an engine: ``--engine URL --image IMAGE``, or (as root, with podman
-installed) a Podman service and an image made for the run, both removed afterwards.
+Container rows need an engine: ``--engine URL --image IMAGE`` (an image with andon in it, such
+as the recipe's: docs/scale-out.md, Building the worker image; its own ``andon`` runs the worker),
+or (as root, with podman installed) a Podman service and an image made for the run, both removed
+afterwards (this machine's Python and andon bind-mounted into it: a test trick).
 """
 
 from __future__ import annotations
@@ -74,17 +76,21 @@ class Engine:
     image: str
     mounts: tuple[str, ...]  # host paths bind-mounted read-only (the host's Python and andon)
     ulimits: dict[str, tuple[int, int]]
+    command: tuple[str, ...]  # how the image starts andon
 
 
 @contextlib.contextmanager
 def engine_for_bench(url: str | None, image: str | None) -> Iterator[Engine | str]:
     """The engine the container rows use, or why there is none. With ``url`` and ``image``,
     those (the image must hold Python >= 3.11 with andon); else a Podman service and an image
-    of this run's, removed on the way out."""
+    of this run's, removed on the way out. A user's image runs its own ``andon`` (on its PATH,
+    as ``andon run --workers-in container:IMAGE`` starts it): this machine's interpreter path
+    means nothing inside it. The image made here has nothing of its own: it runs this machine's
+    interpreter, bind-mounted."""
     from andon.testing import host_mount_paths, worker_ulimits
 
     if url is not None and image is not None:
-        yield Engine(url, image, (), worker_ulimits())
+        yield Engine(url, image, (), worker_ulimits(), ("andon",))
         return
     from andon.testing import PodmanService, make_worker_image, remove_image, why_no_engine
 
@@ -100,13 +106,18 @@ def engine_for_bench(url: str | None, image: str | None) -> Iterator[Engine | st
         client = docker.DockerClient(base_url=service.base_url)
         ref = make_worker_image(client, f"localhost/andon-bench-{secrets.token_hex(6)}:1")
         try:
-            yield Engine(service.base_url, ref, tuple(host_mount_paths()), worker_ulimits())
+            mounts = tuple(host_mount_paths())
+            yield Engine(service.base_url, ref, mounts, worker_ulimits(), _WORKER)
         finally:
             remove_image(client, ref)
             client.close()
 
 
 def _container_launcher(engine: Engine, workspace: str) -> ContainerLauncher:
+    """As ``andon run --workers-in container:IMAGE`` makes it: the invoking user's ids (the
+    workspace and the pool's socket folder are theirs), the image's own ``andon``."""
+    from andon.cli._workers import invoking_user
+
     mounts = host_mounts(engine.mounts) + host_mounts([workspace], read_only=False)
     return ContainerLauncher(
         engine.image,
@@ -114,7 +125,8 @@ def _container_launcher(engine: Engine, workspace: str) -> ContainerLauncher:
         mounts=mounts,
         runtime="runc",
         ulimits=engine.ulimits,
-        command=_WORKER,
+        command=engine.command,
+        user=invoking_user(engine.url),
     )
 
 
