@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import ConfigError, LogCorrupted, LogFormatUnsupported, name_path
+from andon.cli._kubernetes import pool_tcp
 from andon.cli._sessions import runtime_root
 from andon.cli._settings import Settings, read_system_prompt
 from andon.cli._workers import launcher_of
@@ -262,13 +263,17 @@ def agent_options(
             size=settings.workers + servers,
             runtime_dir=runtime_root(),
             start_timeout=settings.worker_start_timeout or andon.WorkerPoolConfig.start_timeout,
+            # Pods dial the pool over tcp + CURVE, where [kubernetes] says.
+            tcp=pool_tcp(settings.kubernetes) if settings.workers_in.startswith("pod:") else None,
         ),
         "grace": settings.grace,
         "system_prompt": system_prompt,
         "tool_timeout": settings.tool_timeout,
         "pass_env": settings.pass_env,
         "session_id": session_id,
-        "launcher": launcher_of(settings.workers_in, settings.containers, cwd),
+        "launcher": launcher_of(
+            settings.workers_in, settings.containers, cwd, kubernetes=settings.kubernetes
+        ),
         "project_instructions": instructions,
         "context_window": context_window,
         "tools": tool_registry(settings.tools),
