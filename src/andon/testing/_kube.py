@@ -859,6 +859,9 @@ class _PodRuntime:
         # program's child). Its end ends every process of the namespace, however it hid.
         self.init: procs.Pidfd | None = None
         self.namespace_id: int | None = None  # the inode of that pid namespace
+        # Held open while the pod's processes may live: a namespace's inode number is reused
+        # once the namespace is freed, and then names another pod's.
+        self.namespace_fd: int | None = None
         self.term_pending = False  # SIGTERM asked for before the init was known
         self.exited = False
         self.removed = False
@@ -1430,6 +1433,12 @@ class FakeKubernetes:
         if sig == signal.SIGKILL and rt.pidfd is not None:
             rt.pidfd.send(sig)
 
+    def _forget_namespace(self, rt: _PodRuntime) -> None:
+        """Once every process of the pod has ended: its namespace's number may name another's."""
+        if rt.namespace_fd is not None:
+            os.close(rt.namespace_fd)
+        rt.namespace_fd = rt.namespace_id = None
+
     def _end_tree(self, rt: _PodRuntime) -> None:
         """SIGKILL every process of the pod and wait for them (bounded): its pid namespace's
         (however they hid: ``env -i``, ``setsid``, double forks), and whatever carries its
@@ -1776,8 +1785,17 @@ class FakeKubernetes:
             namespace_id = _namespace_of(child) if child is not None else None
             if info is not None and namespace_id not in (None, procs.pid_namespace()):
                 pidfd = procs.Pidfd.open(info.key)
+                try:
+                    fd: int | None = os.open(f"/proc/{info.pid}/ns/pid", os.O_RDONLY)
+                except OSError:
+                    fd = None  # gone already: its namespace with it
+                if fd is not None and os.fstat(fd).st_ino != namespace_id:
+                    os.close(fd)
+                    fd = None
                 with self._cond:
-                    rt.init, rt.namespace_id = pidfd, namespace_id
+                    if fd is None:
+                        namespace_id = None
+                    rt.init, rt.namespace_id, rt.namespace_fd = pidfd, namespace_id, fd
                     if rt.term_pending and pidfd is not None:
                         pidfd.send(signal.SIGTERM)
                     self._changed()
@@ -1836,6 +1854,7 @@ class FakeKubernetes:
                 if fd is not None:
                     fd.close()
             rt.pidfd = rt.init = None
+            self._forget_namespace(rt)
             self._report(rt, terminated)
             pod = self._live(rt)
             if pod is not None and rt.kill_at is not None and not rt.node_lost:
