@@ -449,9 +449,22 @@ async def test_a_pod_force_deleted_while_running_ends_when_its_kubelet_kills_it(
     launcher = launcher_for(cluster)
     await launcher.open(_setup(tmp_path))
     try:
-        worker = await launcher.start(WorkerSpec("w1", "tcp://127.0.0.1:9", heartbeat_interval=1.0))
+        # With keys, the worker waits for a welcome nobody sends (without, it exits at once).
+        keys = CurveKeys.generate()
+        spec = WorkerSpec(
+            "w1",
+            "tcp://127.0.0.1:9",
+            heartbeat_interval=1.0,
+            server_key=CurveKeys.generate().public,
+            worker_keys=keys,
+        )
+        worker = await launcher.start(spec)
         name = f"andon-{launcher._tag}-w1"
-        await _until(cluster, lambda c: _find_worker(c, name) is not None)
+        # The worker's exec is nothing the fake's store sees: looked for every 20 ms, bounded.
+        for _ in range(1500):
+            if _find_worker(cluster, name) is not None:
+                break
+            await asyncio.sleep(0.02)  # sleep-ok: a poll for an exec, bounded by the loop
         os.kill(_worker_pid(cluster, name), signal.SIGSTOP)  # only the SIGKILL can end it
         loop = asyncio.get_running_loop()
         asked = loop.time()
