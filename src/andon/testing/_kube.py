@@ -1277,7 +1277,9 @@ class FakeKubernetes:
                 "DeletionByTaintManager",
                 "Taint manager: deleting due to NoExecute taint",
             )
-            self._delete(pod, rt, int(pod["spec"].get("terminationGracePeriodSeconds", 30)))
+            self._delete(
+                pod, rt, int(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE))
+            )
 
     def schedule_pending(self) -> None:
         """Make the node schedulable and schedule every pod left Unschedulable."""
