@@ -52,7 +52,7 @@ def _kubeconfig(path: Path, cluster: FakeKubernetes) -> Path:
     return path
 
 
-def _toml(kubeconfig: Path, extra: str = "") -> str:
+def _toml(kubeconfig: Path, listen: str = 'listen = "tcp://127.0.0.1:0"\n') -> str:
     command = json.dumps([sys.executable, "-m", "andon"])
     path = json.dumps(os.environ.get("PATH", "/usr/bin:/bin"))
     return (
@@ -61,14 +61,13 @@ def _toml(kubeconfig: Path, extra: str = "") -> str:
         'context = "fake"\n'
         'namespace = "ci"\n'
         # The fake kubelet's Pods run on this machine: loopback reaches the pool.
-        'listen = "tcp://127.0.0.1:0"\n'
+        f"{listen}"
         f"command = {command}\n"
         f"env = {{ PATH = {path} }}\n"
         'requests = { cpu = "250m", memory = "256Mi" }\n'
         'limits = { memory = "1Gi" }\n'
         'workspace_claim = "andon-work"\n'
         'service_account = "andon-worker"\n'
-        f"{extra}"
     )
 
 
@@ -93,7 +92,11 @@ def test_the_main_job_runs_with_its_tools_in_pods(tmp_path: Path, cluster: FakeK
     # The README's main job: a link makes tmp_path look like the repository's root, so the
     # scratch copy lands under tmp_path/.andon.
     (tmp_path / "examples").symlink_to(EXAMPLES)
-    (tmp_path / "andon.toml").write_text(_toml(_kubeconfig(tmp_path / "kubeconfig", cluster)))
+    # Listening on every address, as in a Pod; the workers dial the advertised one.
+    every = 'listen = "tcp://0.0.0.0:0"\nadvertise = "tcp://127.0.0.1"\n'
+    (tmp_path / "andon.toml").write_text(
+        _toml(_kubeconfig(tmp_path / "kubeconfig", cluster), listen=every)
+    )
     result = run(
         "run",
         "--workers",
@@ -124,6 +127,8 @@ def test_the_main_job_runs_with_its_tools_in_pods(tmp_path: Path, cluster: FakeK
     spec = sent[0]["spec"]
     [container] = spec["containers"]
     assert container["image"] == IMAGE
+    connect = container["command"][container["command"].index("--connect") + 1]
+    assert connect.startswith("tcp://127.0.0.1:") and not connect.endswith(":0")
     assert container["resources"] == {
         "requests": {"cpu": "250m", "memory": "256Mi"},
         "limits": {"memory": "1Gi"},
