@@ -15,6 +15,7 @@ import pytest
 
 from andon.fleet import PodLauncher
 from andon.testing import FakeKubernetes
+from tests.cli.conftest import killer  # noqa: F401  (the CLI tests' fixture, for the CLI here)
 from tests.support import RUN_TAG_VAR
 
 kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes extra is not installed")

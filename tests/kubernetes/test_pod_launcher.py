@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from andon.supervisor import ToolCallRequest, ToolExecutor
 from andon.testing import FakeKubernetes
 from andon.workers import default
 from tests.kubernetes.conftest import IMAGE, launcher_for
+from tests.support import RUN_TAG_VAR
 from tests.workers.support import start
 
 pytestmark = pytest.mark.timeout(90)
@@ -244,6 +247,9 @@ async def _lost_through_the_watch(cluster: FakeKubernetes, *, expire: bool) -> s
         watches = cluster.watch_count()
         cluster.pause_watches()
         cluster.drop_watches()
+        # Silenced first: a kubelet gives even a grace-0 deletion SIGTERM and a short grace, and
+        # a worker that heard it would say so itself; only the watch may tell here.
+        os.kill(_worker_pid(cluster, name), signal.SIGSTOP)
         cluster.delete_pod(name, grace=0)
         await _until(cluster, lambda c: c.pod(name) is None and not c.processes(name))
         if expire:
@@ -332,14 +338,23 @@ async def test_an_image_that_cannot_be_pulled_fails_the_start_with_the_reason(
 
 
 def _worker_pid(cluster: FakeKubernetes, pod: str) -> int:
+    found = _find_worker(cluster, pod)
+    if found is None:
+        raise AssertionError(f"no worker process in {pod}")
+    return found
+
+
+def _find_worker(cluster: FakeKubernetes, pod: str) -> int | None:
     for pid in cluster.processes(pod):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"--connect" in f.read():
-                    return pid
+                argv = f.read().split(b"\0")
         except OSError:
             continue
-    raise AssertionError(f"no worker process in {pod}")
+        # The worker, not the program that started the Pod's pid namespace with its argv.
+        if b"--connect" in argv and not argv[0].endswith(b"unshare"):
+            return pid
+    return None
 
 
 async def test_a_silent_worker_is_lost_and_its_pod_deleted_at_once(
@@ -376,20 +391,90 @@ async def test_a_failed_pod_ends_its_call_with_the_clusters_reason(
     assert "its Pod failed (Evicted; The node was low on resource: memory." in outcome.error.message
 
 
-async def test_a_pod_in_phase_unknown_is_not_taken_for_ended(cluster: FakeKubernetes) -> None:
-    # Unknown: the node stopped reporting, the worker may well run on; heartbeats decide.
-    async with _pool(launcher_for(cluster), interval=SLOW) as pool:
-        [pod] = _our_pods(cluster)
-        name = pod["metadata"]["name"]
-        cluster.set_unknown(name)
-        await _until(cluster, lambda c: _phase(c, name) == "Unknown")
-        cluster.send_bookmarks()  # the watch has read past the Unknown event
-        await _until(cluster, lambda c: len(_deletes(c, name)) == 0)
-        executor = ToolExecutor(pool, pool.registry)
-        task, _, _ = await start(executor, _bash("c1-1-1", "echo still-working"))
-        outcome = await asyncio.wait_for(task, 30)
-        assert outcome.content.splitlines()[0].strip() == "still-working"
-        assert _deletes(cluster, name) == []
+class _Heard(logging.Handler):
+    """Sets ``heard`` when a record whose message holds ``words`` is logged (from any thread)."""
+
+    def __init__(self, words: str) -> None:
+        super().__init__()
+        self.words = words
+        self.heard = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.words in record.getMessage():
+            self.heard.set()
+
+
+async def test_a_pod_evicted_from_a_lost_node_is_not_taken_for_ended(tmp_path: Path) -> None:
+    # A lost node: its kubelet can neither report nor kill. After the toleration of the
+    # unreachable taint the cluster deletes the Pod, which stays Terminating: the worker may run
+    # on, so the launcher says why and leaves the end to the heartbeats, asking no deletion.
+    heard = _Heard("DeletionByTaintManager")
+    logging.getLogger("andon.pool").addHandler(heard)
+    try:
+        with FakeKubernetes(
+            tmp_path / "cluster",
+            extra_env={RUN_TAG_VAR: os.environ[RUN_TAG_VAR]},
+            manual_clock=True,
+        ) as cluster:
+            # A short grace: the close's sweep waits that long for the kill it can only assume.
+            launcher = launcher_for(cluster, termination_grace=2)
+            async with _pool(launcher, interval=SLOW) as pool:
+                [pod] = _our_pods(cluster)
+                name = pod["metadata"]["name"]
+                cluster.lose_node()
+                cluster.advance(300)  # the toleration every Pod gets by default
+                await _until(cluster, lambda c: _terminating(c, name))
+                assert await asyncio.to_thread(heard.heard.wait, 20), "the launcher said nothing"
+                executor = ToolExecutor(pool, pool.registry)
+                task, _, _ = await start(executor, _bash("c1-1-1", "echo still-working"))
+                outcome = await asyncio.wait_for(task, 30)
+                assert outcome.content.splitlines()[0].strip() == "still-working"
+                assert _deletes(cluster, name) == []
+            # Closed: the sweep force-deleted what the lost node's kubelet could not end.
+            assert cluster.pods() == [] and cluster.secrets() == []
+    finally:
+        logging.getLogger("andon.pool").removeHandler(heard)
+
+
+def _terminating(cluster: FakeKubernetes, name: str) -> bool:
+    pod = cluster.pod(name)
+    return pod is not None and bool(pod["metadata"].get("deletionTimestamp"))
+
+
+async def test_a_pod_force_deleted_while_running_ends_when_its_kubelet_kills_it(
+    tmp_path: Path, cluster: FakeKubernetes
+) -> None:
+    # A grace-0 deletion takes the Pod out of the API at once, but its kubelet still gives the
+    # container SIGTERM and a grace of its own: the worker has not ended before that is over.
+    launcher = launcher_for(cluster)
+    await launcher.open(_setup(tmp_path))
+    try:
+        # With keys, the worker waits for a welcome nobody sends (without, it exits at once).
+        keys = CurveKeys.generate()
+        spec = WorkerSpec(
+            "w1",
+            "tcp://127.0.0.1:9",
+            heartbeat_interval=1.0,
+            server_key=CurveKeys.generate().public,
+            worker_keys=keys,
+        )
+        worker = await launcher.start(spec)
+        name = f"andon-{launcher._tag}-w1"
+        # The worker's exec is nothing the fake's store sees: looked for every 20 ms, bounded.
+        for _ in range(1500):
+            if _find_worker(cluster, name) is not None:
+                break
+            await asyncio.sleep(0.02)  # sleep-ok: a poll for an exec, bounded by the loop
+        os.kill(_worker_pid(cluster, name), signal.SIGSTOP)  # only the SIGKILL can end it
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        launcher.kill(worker)
+        await asyncio.wait_for(launcher.exited(worker), 30)
+        assert loop.time() - asked >= 2.0  # the kubelet's floor, and the launcher's default
+        assert cluster.pod(name) is None
+        await _until(cluster, lambda c: not c.processes(name))
+    finally:
+        await launcher.aclose()
 
 
 async def test_a_conflict_on_create_is_a_clear_error(cluster: FakeKubernetes) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from andon.base import ConfigError, GracePolicy, UnreadableFile, clean_text, read_small_file
+from andon.cli._kubernetes import KUBERNETES, KubernetesSettings, parse_kubernetes
 from andon.cli._mcp_config import (
     MCP,
     McpServerSettings,
@@ -59,11 +60,12 @@ class Settings:
     context_window: int | None = None  # tokens; None: known for the spec, or asked of the server
     pass_env: tuple[str, ...] = ()
     thinking: bool | None = None
-    workers_in: str = "local"  # or "container:IMAGE"
+    workers_in: str = "local"  # or "container:IMAGE", "pod:IMAGE"
     progress_interval: float = 30.0  # liveness lines outside a terminal; 0: none
     prices: Mapping[str, Price] = field(default_factory=dict)  # andon.toml only: model -> price
     containers: ContainerSettings = field(default_factory=ContainerSettings)  # andon.toml only
     remote: RemoteSettings = field(default_factory=RemoteSettings)  # andon.toml only
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)  # andon.toml only
     project_instructions: bool = True  # AGENTS.md from the git root down to the cwd
     tools: tuple[str, ...] = ()  # MODULE:NAME of Python tools offered beside the built-in ones
     # The MCP servers the session starts: andon.toml's [mcp.servers.NAME], --mcp-config's file,
@@ -272,9 +274,12 @@ def _from_toml(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
         if key == MCP:
             tables["mcp_servers"] = parse_mcp_table(value, path)
             continue
+        if key == KUBERNETES:
+            tables["kubernetes"] = parse_kubernetes(value, path)
+            continue
         name = key.replace("-", "_")
         if name not in _PARSERS:
-            known = ", ".join(sorted([*_PARSERS, _PRICES, CONTAINERS, REMOTE, MCP]))
+            known = ", ".join(sorted([*_PARSERS, _PRICES, CONTAINERS, REMOTE, MCP, KUBERNETES]))
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
@@ -418,7 +423,7 @@ def add_agent_options(p: argparse.ArgumentParser, *, job: bool) -> None:
         "--workers-in",
         metavar="WHERE",
         help="where tools run: local (default), container:IMAGE ([containers] in andon.toml), "
-        "ssh:HOST or tcp:ADDRESS ([remote])",
+        "pod:IMAGE ([kubernetes]), ssh:HOST or tcp:ADDRESS ([remote])",
     )
 
 

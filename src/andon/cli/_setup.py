@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import ConfigError, LogCorrupted, LogFormatUnsupported, name_path
+from andon.cli._kubernetes import pool_tcp
 from andon.cli._remote import remote_launcher, remote_listen
 from andon.cli._sessions import runtime_root
 from andon.cli._settings import Settings, read_system_prompt
@@ -262,8 +263,12 @@ def agent_options(
     launcher = (
         remote_launcher(settings.workers_in, settings.remote, listen)
         if listen is not None
-        else launcher_of(settings.workers_in, settings.containers, cwd)
+        else launcher_of(
+            settings.workers_in, settings.containers, cwd, kubernetes=settings.kubernetes
+        )
     )
+    if settings.workers_in.startswith("pod:"):
+        listen = pool_tcp(settings.kubernetes)  # Pods dial the pool where [kubernetes] says
     return {
         "model": model,
         "cwd": cwd,

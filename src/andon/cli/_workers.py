@@ -1,6 +1,7 @@
 """Where ``andon run`` starts its tool workers: ``--workers-in local`` (forks of this process's
-forkserver, the default) or ``--workers-in container:IMAGE`` (each worker a container's main
-process, through the Docker Engine API; docs/scale-out.md).
+forkserver, the default), ``--workers-in container:IMAGE`` (each worker a container's main
+process, through the Docker Engine API; docs/scale-out.md) or ``--workers-in pod:IMAGE`` (each
+worker a Kubernetes Pod; its settings are andon.cli._kubernetes's).
 
 The engine and what a container gets come from the ``[containers]`` table of ``andon.toml``::
 
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from andon.base import ConfigError
+from andon.cli._kubernetes import KubernetesSettings, pod_launcher
 from andon.cli._remote import remote_kind
 
 if TYPE_CHECKING:
@@ -63,18 +65,19 @@ class ContainerSettings:
 
 
 def workers_in(text: str) -> str:
-    """``local``, ``container:IMAGE``, ``ssh:HOST`` or ``tcp:ADDRESS``, checked."""
+    """``local``, ``container:IMAGE``, ``pod:IMAGE``, ``ssh:HOST`` or ``tcp:ADDRESS``, checked."""
     value = text.strip()
     if value == "local":
         return value
     kind, sep, image = value.partition(":")
-    if kind == "container" and sep and image.strip():
-        return f"container:{image.strip()}"
+    if kind in ("container", "pod") and sep and image.strip():
+        return f"{kind}:{image.strip()}"
     remote = remote_kind(kind, image) if sep else None
     if remote is not None:
         return remote
     raise ConfigError(
-        f"workers-in must be 'local', 'container:IMAGE', 'ssh:HOST' or 'tcp:ADDRESS' (got {text!r})"
+        f"workers-in must be 'local', 'container:IMAGE', 'pod:IMAGE', 'ssh:HOST' or "
+        f"'tcp:ADDRESS' (got {text!r})"
     )
 
 
@@ -158,13 +161,18 @@ def _ulimits(table: object, where: str) -> dict[str, tuple[int, int]]:
 
 
 def launcher_of(
-    where: str, containers: ContainerSettings, cwd: str | None
+    where: str,
+    containers: ContainerSettings,
+    cwd: str | None,
+    kubernetes: KubernetesSettings | None = None,
 ) -> WorkerLauncher | None:
     """The launcher for ``--workers-in``: None for local workers. A container gets the tools'
     working directory bind-mounted read-write at the same path (the paths in the log are the
     paths the tools saw)."""
     if where == "local":
         return None
+    if where.startswith("pod:"):
+        return pod_launcher(where.partition(":")[2], kubernetes or KubernetesSettings(), cwd)
     from andon.fleet import ContainerLauncher, Mount
 
     image = where.partition(":")[2]

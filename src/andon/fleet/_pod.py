@@ -12,8 +12,11 @@ SIGTERM, then SIGKILL at the end of the grace, and every process of the containe
 the backstop deletes it with grace 0 (the API forgets the Pod at once; the kubelet still kills
 its processes promptly, with a short grace of its own). Liveness is the pool's heartbeats, as for
 every worker elsewhere; ``exit`` comes from **one watch per pool** on the pool's label: a Pod
-``Succeeded``, ``Failed`` or deleted has ended. ``Unknown`` (the node stopped reporting) is not an
-end: the worker may still run, and the heartbeats decide.
+``Succeeded``, ``Failed`` or deleted has ended. A Pod the API forgot while its container still ran
+(a grace-0 deletion) has ended once its kubelet's kill is due: the kubelet still gives it SIGTERM
+and a short grace of its own. A Pod the cluster is deleting (Terminating: a taint-based eviction
+after its node was lost, a drain) is not an end, nor is ``Unknown``: the worker may still run, and
+the heartbeats decide.
 
 The watch is resumed where it stopped (its last resourceVersion) when the connection ends or
 drops; when the server no longer has that history (410 Gone) the pool's Pods are listed again,
@@ -85,6 +88,12 @@ class _PodWorker(LaunchedWorker):
         self.delete_grace: int | None = None  # the shortest deletion asked for so far
         self.released = False
         self.unknown_logged = False
+        # When (the loop's clock) the kubelet's SIGKILL is due: set by the first deletion, which
+        # is the one a kubelet acts on (it does not shorten its grace for a later one).
+        self.kill_due: float | None = None
+        self.running = False  # the last status seen had the container running
+        self.deleted_by: str | None = None  # why the cluster is deleting it, if not by andon
+        self.ending = False  # its end is known, and reported once the kubelet's kill is due
 
     def describe(self) -> str:
         return f"worker {self.worker_id} (Pod {self.namespace}/{self.pod})"
@@ -116,7 +125,8 @@ class PodLauncher(WorkerLauncher):
     The pool must listen on tcp (its config's ``tcp``, advertising an address the Pods can
     reach, such as this Pod's IP). A Pod that cannot be scheduled fails its worker's start at
     once; with ``wait_for_nodes`` (a cluster that adds nodes on demand) it waits instead, up to
-    the pool's start deadline.
+    the pool's start deadline. ``kubelet_grace`` is the kubelet's floor on a container's grace
+    (2 s): a Pod deleted with grace 0 has ended that long after, not when the API forgot it.
     """
 
     transport = "tcp"
@@ -151,6 +161,7 @@ class PodLauncher(WorkerLauncher):
         welcome_timeout: float = 60.0,
         watch_timeout: int = 300,
         watch_backoff: tuple[float, float] = (0.2, 5.0),
+        kubelet_grace: float = 2.0,
     ) -> None:
         if termination_grace < 0:
             raise ValueError("termination_grace must be >= 0")
@@ -178,6 +189,7 @@ class PodLauncher(WorkerLauncher):
         self.welcome_timeout = welcome_timeout
         self.watch_timeout = watch_timeout
         self.watch_backoff = watch_backoff
+        self.kubelet_grace = kubelet_grace
         self._engine = EngineThreads("andon-kube")
         self._api: Any = None
         self._k8s: Any = None
@@ -482,7 +494,7 @@ class PodLauncher(WorkerLauncher):
         for worker in list(self._pods.values()):
             # A Pod whose create is still in flight (no uid yet) is judged by the watch.
             if worker.uid is not None and worker.uid not in present:
-                worker.end("its Pod is gone")
+                self._end_gone(worker, worker.deleted_by or "its Pod is gone", None)
         for item in items:
             self._on_pod("MODIFIED", item)
 
@@ -495,8 +507,13 @@ class PodLauncher(WorkerLauncher):
             return  # another Pod of that name (one this pool did not make)
         status = pod.get("status") or {}
         phase = status.get("phase")
+        if kind != "DELETED":
+            worker.running = _container_running(status)
+        if kind != "DELETED" and metadata.get("deletionTimestamp"):
+            self._on_deleting(worker, metadata, status)
         if kind == "DELETED":
-            worker.end(None if worker.delete_grace is not None else "its Pod was deleted")
+            why = worker.deleted_by or "its Pod was deleted"
+            self._end_gone(worker, None if worker.delete_grace is not None else why, status)
         elif phase in ("Succeeded", "Failed"):
             worker.end(_ended_how(status))
         elif phase == "Unknown":
@@ -508,6 +525,62 @@ class PodLauncher(WorkerLauncher):
             if reason is not None:
                 worker.exit_reason = worker.exit_reason or reason
                 self._delete(worker, 0)
+
+    def _on_deleting(
+        self, worker: _PodWorker, metadata: dict[str, Any], status: dict[str, Any]
+    ) -> None:
+        """The Pod is Terminating. If andon did not ask for it (a taint-based eviction after its
+        node was lost, a drain, someone's delete), the worker is not taken for ended: the
+        container may run for its whole grace, or for as long as its node is unreachable. The
+        cluster's reason is said now and kept for its end."""
+        if worker.kill_due is None:
+            grace = metadata.get("deletionGracePeriodSeconds")
+            seconds = float(grace) if isinstance(grace, int | float) else 0.0
+            worker.kill_due = self._now() + max(seconds, self.kubelet_grace)
+        if worker.delete_grace is not None or worker.deleted_by is not None:
+            return
+        cause = next(
+            (
+                c
+                for c in status.get("conditions") or ()
+                if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+            ),
+            None,
+        )
+        words = f" ({cause.get('reason')}: {cause.get('message')})" if cause is not None else ""
+        worker.deleted_by = f"its Pod was deleted by the cluster{words}"
+        _log.warning(
+            "%s: the cluster is deleting its Pod%s; the worker serves until it ends",
+            worker.describe(),
+            words,
+        )
+
+    def _end_gone(
+        self, worker: _PodWorker, reason: str | None, status: dict[str, Any] | None
+    ) -> None:
+        """The Pod left the API. If its container was still running (a force delete: the API
+        forgets the Pod before its kubelet has ended it), its processes run until the kubelet's
+        kill is due; the worker is reported ended then, not before."""
+        if worker.ending:
+            return
+        running = _container_running(status) if status is not None else worker.running
+        if not running:
+            worker.end(reason)
+            return
+        worker.ending = True
+        now = self._now()
+        due = worker.kill_due if worker.kill_due is not None else now + self.kubelet_grace
+        if reason is not None and worker.exit_reason is None:
+            worker.exit_reason = reason
+        loop = self._loop
+        if due <= now or loop is None:
+            worker.end(reason)
+        else:
+            loop.call_later(due - now, worker.end, reason)
+
+    def _now(self) -> float:
+        loop = self._loop
+        return loop.time() if loop is not None else 0.0
 
     def _cannot_start(self, status: dict[str, Any]) -> str | None:
         for condition in status.get("conditions") or ():
@@ -535,6 +608,8 @@ class PodLauncher(WorkerLauncher):
         if worker.delete_grace is not None and worker.delete_grace <= grace:
             return
         worker.delete_grace = grace
+        if worker.kill_due is None:  # the first deletion is the one the kubelet keeps
+            worker.kill_due = self._now() + max(grace, self.kubelet_grace)
         api, k8s = self._api, self._k8s
 
         def delete() -> bool:
@@ -559,7 +634,7 @@ class PodLauncher(WorkerLauncher):
                 _log.warning("could not delete the Pod of %s: %s", worker.describe(), error)
                 worker.delete_grace = None  # a later kill tries again
             elif not future.result():
-                worker.end(None)  # already gone
+                self._end_gone(worker, None, None)  # already gone from the API
 
         self._engine.run(delete, f"delete-{worker.worker_id}").add_done_callback(done)
 
@@ -639,6 +714,16 @@ class PodLauncher(WorkerLauncher):
             with contextlib.suppress(Exception):
                 api.api_client.close()
             self._api = None
+
+
+def _container_running(status: dict[str, Any]) -> bool:
+    """Whether the status shows the worker's container running (or not yet known to have ended:
+    a Pod that never started has no process)."""
+    for container in status.get("containerStatuses") or ():
+        state = container.get("state") or {}
+        if state.get("running") is not None:
+            return True
+    return False
 
 
 def _ended_how(status: dict[str, Any]) -> str | None:

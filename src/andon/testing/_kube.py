@@ -23,21 +23,36 @@ What it reproduces, in the API reference's shapes (camelCase keys, RFC 3339 seco
   Status for secrets; owned Secrets and Pods garbage-collected once every owner Pod is gone.
 - Watches: synthetic ADDED for a fresh watch, replay from a resourceVersion, "too old resource
   version" (410 Expired) once history is forgotten, bookmarks, ``timeoutSeconds``, label and field
-  selectors.
+  selectors, with the watch cache's conversion: an object leaving the selection is DELETED, one
+  entering it ADDED.
 - The pod lifecycle the kubelet reports: Pending (Unschedulable, ErrImagePull/ImagePullBackOff,
   ContainerCreating while a Secret volume's Secret is missing), Running, Succeeded/Failed with the
-  container's exit code (StartError 128 when the command cannot start), SIGTERM then SIGKILL after
-  the grace period, eviction (Failed with a reason) and a lost node (Unknown).
+  container's exit code (StartError 128 when the command cannot start), eviction (Failed with a
+  reason).
+- Stopping as a node does it, no kinder: SIGTERM to the container's init, SIGKILL at the end of
+  the grace; the kubelet keeps the grace of the first deletion it acts on (a later, shorter one
+  changes the API object only: kubernetes issues 83916, 113717); a grace-0 deletion takes the Pod
+  out of the API at once while the kubelet still gives SIGTERM and its floor of FORCE_GRACE
+  seconds. A lost node (:meth:`FakeKubernetes.lose_node`) is the node lifecycle controller's: the
+  unreachable NoExecute taint, ``Ready`` False, and after each pod's toleration (300 s by
+  default, added at create as the DefaultTolerationSeconds plugin does) a taint-manager deletion
+  that stays Terminating, since no kubelet confirms it; processes run on. Grace periods and
+  tolerations follow the fake's clock, which a test may drive by hand (``manual_clock``).
 
 What it does not: authentication, other resources, PUT/PATCH, restarts (every restartPolicy acts
-as Never), init and multiple containers, probes, resource enforcement.
+as Never), init and multiple containers, probes, resource enforcement, a network partition (a
+lost node's processes still reach the pool), a node that comes back.
 
-The container is a local process: the first container's ``command + args`` runs in a session of
-its own, in ``<root>/<namespace>/<pod>``, with exactly the Pod's environment plus ``extra_env``
-and ``ANDON_FAKE_POD=<pod uid>``. That marker is how every process of the pod is found
-(:mod:`andon.procs`): the container's end takes every process in it, as a real container's
-cgroup does. There is no mount namespace, so Secret volumes are written under the pod's directory
-and argv words (and env values) naming a mount path are rewritten to that directory.
+The container is local processes: the first container's ``command + args`` runs as pid 1 of a
+pid namespace of its own (``unshare --pid --fork --mount-proc``, which needs root), in
+``<root>/<namespace>/<pod>``, with exactly the Pod's environment plus ``extra_env`` and
+``ANDON_FAKE_POD=<pod uid>``. The container's end is its namespace's: when its init ends, the
+kernel kills every process in it, however it hid (``env -i setsid`` drops the marker, not the
+namespace), as a container runtime does. Where pid namespaces cannot be made (no root), the fake
+falls back to the marker (``isolation == "marker"``): every process that kept it is found
+(:mod:`andon.procs`) and killed. The mount namespace only gives the container its own /proc, so
+Secret volumes are written under the pod's directory and argv words (and env values) naming a
+mount path are rewritten to that directory.
 
 This module is long because it holds a whole test double in one place: the API server's
 validation and answers, the watch machinery, and the kubelet whose states those answers report.
@@ -84,6 +99,15 @@ HOST_IP: Final = "10.0.0.1"
 POD_IP: Final = "10.0.0.2"
 MARKER_VAR: Final = "ANDON_FAKE_POD"
 DEFAULT_GRACE: Final = 30
+FORCE_GRACE: Final = 2
+"""The kubelet's floor on a container's grace (``minimumGracePeriodInSeconds`` of its runtime
+manager): a Pod deleted with grace 0 leaves the API at once, yet its container still gets SIGTERM
+and this long before SIGKILL."""
+TOLERATION: Final = 300
+"""The ``tolerationSeconds`` the DefaultTolerationSeconds admission plugin gives every Pod for
+the ``not-ready`` and ``unreachable`` NoExecute taints: how long a lost node keeps its Pods."""
+UNREACHABLE_TAINT: Final = "node.kubernetes.io/unreachable"
+NOT_READY_TAINT: Final = "node.kubernetes.io/not-ready"
 KILL_WAIT: Final = 5.0
 """How long a kill waits for the pod's processes to exit (they are SIGKILLed: only a process in
 uninterruptible sleep takes longer)."""
@@ -94,6 +118,10 @@ UNSCHEDULABLE: Final = (
     "1 No preemption victims found for incoming pod."
 )
 
+UNREACHABLE: Final = (
+    f"0/1 nodes are available: 1 node(s) had untolerated taint {{{UNREACHABLE_TAINT}: }}. "
+    "preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+)
 _TERMINAL: Final = ("Succeeded", "Failed")
 _CONDITIONS: Final = ("Initialized", "Ready", "ContainersReady", "PodScheduled")
 _TRUE: Final = frozenset({"1", "t", "T", "true", "TRUE", "True"})  # Go's strconv.ParseBool
@@ -245,16 +273,6 @@ def _invalid(kind: str, name: str, causes: list[_Cause]) -> _ApiError:
     )
 
 
-def _pod_name_causes(name: str) -> list[_Cause]:
-    # Stricter than the API (which takes any DNS subdomain up to 253): a pod's name is also its
-    # hostname, and the launcher is held to the rule that works everywhere.
-    if len(name) > 63:
-        return [_invalid_value("metadata.name", name, "must be no more than 63 characters")]
-    if not _DNS_LABEL.fullmatch(name):
-        return [_invalid_value("metadata.name", name, _SUBDOMAIN_MSG)]
-    return []
-
-
 def _subdomain_causes(field: str, name: str) -> list[_Cause]:
     if len(name) > 253:
         return [_invalid_value(field, name, "must be no more than 253 characters")]
@@ -284,7 +302,8 @@ def _label_causes(meta: Json) -> list[_Cause]:
 
 def _pod_causes(pod: Json) -> list[_Cause]:
     meta: Json = pod["metadata"]
-    causes = _pod_name_causes(meta["name"]) + _label_causes(meta)
+    # As the API: any DNS subdomain up to 253 characters (the hostname is cut to 63, not refused).
+    causes = _subdomain_causes("metadata.name", meta["name"]) + _label_causes(meta)
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return [*causes, _required("spec.containers")]
@@ -658,6 +677,52 @@ def _container_env(container: Json, mounts: list[tuple[str, str]]) -> dict[str, 
     return env
 
 
+def _runnable(command: str, env: Mapping[str, str]) -> bool:
+    if "/" in command:
+        return os.access(command, os.X_OK) and not os.path.isdir(command)
+    return shutil.which(command, path=env.get("PATH", os.defpath)) is not None
+
+
+def _default_tolerations(spec: Json) -> None:
+    """As the DefaultTolerationSeconds admission plugin: a pod that does not tolerate the
+    not-ready and unreachable NoExecute taints tolerates each for TOLERATION seconds."""
+    tolerations = spec.get("tolerations")
+    if not isinstance(tolerations, list):
+        tolerations = []
+    for key in (NOT_READY_TAINT, UNREACHABLE_TAINT):
+        if not any(_tolerates(t, key) for t in tolerations):
+            tolerations.append(
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": TOLERATION,
+                }
+            )
+    spec["tolerations"] = tolerations
+
+
+def _tolerates(toleration: Any, key: str) -> bool:
+    if not isinstance(toleration, dict) or toleration.get("effect") not in (None, "", "NoExecute"):
+        return False
+    if toleration.get("operator") == "Exists" and not toleration.get("key"):
+        return True
+    return bool(toleration.get("key") == key)
+
+
+def _toleration(spec: Json) -> float | None:
+    """How long the pod stays on an unreachable node: None for ever (a toleration without
+    ``tolerationSeconds``), 0 when nothing tolerates the taint."""
+    found: list[float] = []
+    for toleration in spec.get("tolerations") or []:
+        if _tolerates(toleration, UNREACHABLE_TAINT):
+            seconds = toleration.get("tolerationSeconds")
+            if seconds is None:
+                return None
+            found.append(max(0.0, float(seconds)))
+    return max(found) if found else 0.0
+
+
 def _already_exists(kind: str, name: str) -> _ApiError:
     details = {"name": name, "kind": kind}
     return _error(409, "AlreadyExists", f'{kind} "{name}" already exists', details)
@@ -676,6 +741,55 @@ def _start_error(argv: list[str], exc: OSError | None) -> str:
     )
 
 
+# -- the container's pid namespace -------------------------------------------------------------
+
+_UNSHARE: Final = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--")
+"""How a container's command starts: pid 1 of a pid namespace of its own (with its own /proc),
+as a container runtime starts it; ``--kill-child`` ends it if the launcher program is killed."""
+
+_probed: list[bool] = []
+
+
+def _pid_namespaces() -> bool:
+    """Whether this machine lets us make pid namespaces (root, or a user namespace that allows
+    it): asked once per process by running ``true`` in one."""
+    if not _probed:
+        try:
+            done = subprocess.run(
+                [*_UNSHARE, "true"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=30,
+                check=False,
+            )
+            _probed.append(done.returncode == 0)
+        except (OSError, subprocess.TimeoutExpired):
+            _probed.append(False)
+    return _probed[0]
+
+
+def _namespace_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _members(namespace_id: int) -> list[procs.ProcInfo]:
+    """Every live process of that pid namespace (seen from ours)."""
+    return [p for p in procs.snapshot() if not p.zombie and _namespace_of(p.pid) == namespace_id]
+
+
+def _child_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    return int(words[0]) if words else None
+
+
 # -- state -----------------------------------------------------------------------------------
 
 
@@ -684,8 +798,28 @@ class _Event:
     kind: str
     namespace: str
     rv: int
+    type: str
     obj: Json
+    prev: Json | None  # the object as the previous event left it (a MODIFIED's "before")
     line: bytes
+
+    def line_for(self, filt: _Filter) -> bytes | None:
+        """The event as a watch with ``filt`` sees it, as the API server's watch cache converts
+        it: an object that enters the selection is ADDED, one that leaves it is DELETED (its
+        previous content at this event's resourceVersion), one outside it is not sent."""
+        now = filt.matches(self.obj)
+        if self.type != "MODIFIED" or self.prev is None:
+            return self.line if now else None
+        before = filt.matches(self.prev)
+        if now and before:
+            return self.line
+        if now:
+            return _event_line("ADDED", self.obj)
+        if before:
+            gone = copy.deepcopy(self.prev)
+            gone["metadata"]["resourceVersion"] = str(self.rv)
+            return _event_line("DELETED", gone)
+        return None
 
 
 class _Watch:
@@ -721,11 +855,22 @@ class _PodRuntime:
         # Signals go through a pidfd opened while the child was unreaped: it names that process
         # for good, whatever the kubelet thread's wait() reaps meanwhile.
         self.pidfd: procs.Pidfd | None = None
+        # The container's init: the first process of the Pod's own pid namespace (the launcher
+        # program's child). Its end ends every process of the namespace, however it hid.
+        self.init: procs.Pidfd | None = None
+        self.namespace_id: int | None = None  # the inode of that pid namespace
+        # Held open while the pod's processes may live: a namespace's inode number is reused
+        # once the namespace is freed, and then names another pod's.
+        self.namespace_fd: int | None = None
+        self.term_pending = False  # SIGTERM asked for before the init was known
         self.exited = False
         self.removed = False
         self.failed = False  # evicted (fail_pod): the kubelet reports nothing more
-        self.unknown = False  # node lost (set_unknown): likewise
-        self.kill_at: float | None = None  # monotonic deadline of a pending graceful deletion
+        self.node_lost = False  # its node stopped reporting (lose_node): likewise
+        # The kubelet's SIGKILL deadline (the fake's clock), set by the first deletion it acted
+        # on: a later, shorter deletion does not move it.
+        self.kill_at: float | None = None
+        self.api_deadline: float | None = None  # the deletion's end the API shows (shortens)
         self.started_at = ""
         self.cid = ""
 
@@ -888,10 +1033,18 @@ class FakeKubernetes:
         *,
         extra_env: Mapping[str, str] | None = None,
         images: set[str] | None = None,
+        manual_clock: bool = False,
+        force_grace: int = FORCE_GRACE,
     ) -> None:
         self.url = ""
         self.schedulable = True
         self.images = images
+        self.force_grace = force_grace
+        # With a manual clock, grace periods and tolerations end only by advance(): a test can
+        # look at the moment between a deletion and its SIGKILL, or skip a 300 s toleration.
+        self._manual: float | None = 0.0 if manual_clock else None
+        self.isolation = "pid-namespace" if _pid_namespaces() else "marker"
+        self._node_lost_at: float | None = None
         self._root = Path(root)
         self._extra_env = dict(extra_env or {})
         # One lock for the whole store: every change notifies the Condition, which is what the
@@ -903,6 +1056,7 @@ class FakeKubernetes:
         self._runtimes: dict[str, _PodRuntime] = {}
         self._uids: dict[tuple[str, str], str] = {}  # (namespace, name) → newest pod uid
         self._history: list[_Event] = []
+        self._last: dict[str, Json] = {}  # uid → the object as its last event showed it
         self._history_floor = 0  # events with rv > floor are retained
         self._watches: set[_Watch] = set()
         self._watch_total = 0
@@ -951,7 +1105,7 @@ class FakeKubernetes:
             hold.release()
         for rt in runtimes:
             if rt.proc is not None:  # no process starts once closed (checked under the lock)
-                procs.signal_tagged(rt.marker, signal.SIGKILL, wait=KILL_WAIT)
+                self._end_tree(rt)
         server, serve_thread = self._server, self._serve_thread
         if server is not None and serve_thread is not None:
             server.shutdown()  # no connection is accepted after this returns
@@ -999,12 +1153,18 @@ class FakeKubernetes:
             return list(self._requests)
 
     def processes(self, name: str, namespace: str = "default") -> list[int]:
-        """Live pids carrying the marker of the newest pod of that name (removed or not)."""
+        """Live pids of the newest pod of that name (removed or not): every process of its pid
+        namespace, and whatever carries its marker."""
         with self._cond:
             uid = self._uids.get((namespace, name))
+            rt = self._runtimes.get(uid) if uid is not None else None
+            namespace_id = rt.namespace_id if rt is not None else None
         if uid is None:
             return []
-        return sorted(p.pid for p in procs.tagged(f"{MARKER_VAR}={uid}".encode(), [os.getpid()]))
+        found = {p.pid for p in procs.tagged(f"{MARKER_VAR}={uid}".encode(), [os.getpid()])}
+        if namespace_id is not None:
+            found.update(p.pid for p in _members(namespace_id))
+        return sorted(found)
 
     def watch_count(self) -> int:
         """Watch requests accepted so far (streams begun, a 410 ERROR stream included)."""
@@ -1045,7 +1205,7 @@ class FakeKubernetes:
             rt.failed = True  # from here the kubelet reports nothing, nor starts anything
             had_process = rt.proc is not None
             self._signal_main(rt, signal.SIGKILL)
-        procs.signal_tagged(rt.marker, signal.SIGKILL, wait=KILL_WAIT)
+        self._end_tree(rt)
         with self._cond:
             pod = self._live(rt)
             if pod is None:
@@ -1067,19 +1227,59 @@ class FakeKubernetes:
                 status["containerStatuses"] = [_container_status(container, state, cid=rt.cid)]
             self._modified("pods", pod)
 
-    def set_unknown(self, name: str, namespace: str = "default") -> None:
-        """Lose the pod's node: phase Unknown; its process is left running."""
+    def advance(self, seconds: float) -> None:
+        """Move a manual clock on (``manual_clock=True``): grace periods and tolerations that
+        end by then end now."""
         with self._cond:
-            pod, rt = self._require(namespace, name)
-            rt.unknown = True
-            status = pod["status"]
-            status.update(
-                phase="Unknown",
-                reason="NodeLost",
-                message=f"Node {NODE_NAME} which was running pod {name} is unresponsive",
+            if self._manual is None:
+                raise RuntimeError("advance() needs FakeKubernetes(manual_clock=True)")
+            self._manual += seconds
+            self._changed()
+
+    def lose_node(self) -> None:
+        """The node stops reporting, as a partition does: its processes run on, but its kubelet
+        neither reports nor kills. As the node lifecycle controller: the node is tainted
+        ``node.kubernetes.io/unreachable:NoExecute``, each of its pods gets ``Ready`` False;
+        once a pod's toleration of that taint is over (300 s unless its spec says otherwise),
+        the taint manager deletes it (``DisruptionTarget`` condition, a graceful delete): it
+        stays Terminating, since no kubelet confirms its end. A force delete (grace 0) removes
+        it from the API; its processes run on. No pod is scheduled on the node any more."""
+        with self._cond:
+            if self._node_lost_at is not None:
+                return
+            self._node_lost_at = self._clock()
+            for bucket in self._objects["pods"].values():
+                for pod in list(bucket.values()):
+                    rt = self._runtimes[pod["metadata"]["uid"]]
+                    if not rt.scheduled or rt.removed:
+                        continue
+                    rt.node_lost = True
+                    if pod["status"].get("phase") in _TERMINAL:
+                        continue
+                    _set_condition(pod["status"], "Ready", False, "NodeLost")
+                    self._modified("pods", pod)
+                    seconds = _toleration(pod["spec"])
+                    if seconds is not None:
+                        self._spawn(f"fake-taint-{rt.name}", self._taint_evict, rt, seconds)
+
+    def _taint_evict(self, rt: _PodRuntime, seconds: float) -> None:
+        with self._cond:
+            lost_at = self._node_lost_at or 0.0
+            if not self._wait_until(lost_at + seconds, lambda: self._live(rt) is None):
+                return
+            pod = self._live(rt)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                return
+            _set_condition(
+                pod["status"],
+                "DisruptionTarget",
+                True,
+                "DeletionByTaintManager",
+                "Taint manager: deleting due to NoExecute taint",
             )
-            _set_condition(status, "Ready", False)
-            self._modified("pods", pod)
+            self._delete(
+                pod, rt, int(pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE))
+            )
 
     def schedule_pending(self) -> None:
         """Make the node schedulable and schedule every pod left Unschedulable."""
@@ -1088,7 +1288,7 @@ class FakeKubernetes:
             for bucket in self._objects["pods"].values():
                 for pod in bucket.values():
                     rt = self._runtimes[pod["metadata"]["uid"]]
-                    if not rt.scheduled and not rt.failed:
+                    if not rt.scheduled and not rt.failed and self._node_lost_at is None:
                         self._schedule(pod, rt)
 
     def fail_next(self, method: str, kind: str, status: int, reason: str, message: str) -> None:
@@ -1152,6 +1352,19 @@ class FakeKubernetes:
 
     # -- store (every method below that touches state runs under self._cond) -----------------
 
+    def _clock(self) -> float:
+        return time.monotonic() if self._manual is None else self._manual
+
+    def _wait_until(self, deadline: float, stop: Callable[[], bool]) -> bool:
+        """Wait (under the lock) until the fake's clock reaches ``deadline``: True then, False if
+        ``stop()`` or close() came first. A manual clock moves only by advance()."""
+        while not stop() and not self._closed:
+            left = deadline - self._clock()
+            if left <= 0:
+                return True
+            self._cond.wait(left if self._manual is None else None)
+        return False
+
     def _changed(self) -> None:
         self._changes += 1
         self._cond.notify_all()
@@ -1167,11 +1380,19 @@ class FakeKubernetes:
         snapshot = copy.deepcopy(obj)
         line = _event_line(type_, snapshot)
         meta = snapshot["metadata"]
-        namespace = meta["namespace"]
-        self._history.append(_Event(kind, namespace, int(meta["resourceVersion"]), snapshot, line))
+        namespace, uid = meta["namespace"], meta["uid"]
+        prev = self._last.get(uid)
+        if type_ == "DELETED":
+            self._last.pop(uid, None)
+        else:
+            self._last[uid] = snapshot
+        event = _Event(kind, namespace, int(meta["resourceVersion"]), type_, snapshot, prev, line)
+        self._history.append(event)
         for watch in self._watches:
-            if watch.kind == kind and watch.namespace == namespace and watch.filter.matches(obj):
-                watch.queue.append(line)
+            if watch.kind == kind and watch.namespace == namespace:
+                found = event.line_for(watch.filter)
+                if found is not None:
+                    watch.queue.append(found)
         self._changed()
 
     def _modified(self, kind: str, obj: Json) -> None:
@@ -1200,8 +1421,42 @@ class FakeKubernetes:
             thread.start()
 
     def _signal_main(self, rt: _PodRuntime, sig: int) -> None:
-        if rt.pidfd is not None and not rt.exited:
+        """Signal the container's main process, as the runtime does: its init (pid 1 of its
+        namespace: a signal it has no handler for is ignored, SIGKILL never is). SIGKILL also
+        goes to the launcher program, whose death kills an init not yet known."""
+        if rt.exited:
+            return
+        if rt.init is not None:
+            rt.init.send(sig)
+        elif sig == signal.SIGTERM and self.isolation == "pid-namespace":
+            rt.term_pending = True  # the init is not known yet: it gets it when it is
+        elif rt.pidfd is not None:
             rt.pidfd.send(sig)
+        if sig == signal.SIGKILL and rt.pidfd is not None:
+            rt.pidfd.send(sig)
+
+    def _forget_namespace(self, rt: _PodRuntime) -> None:
+        """Once every process of the pod has ended: its namespace's number may name another's."""
+        if rt.namespace_fd is not None:
+            os.close(rt.namespace_fd)
+        rt.namespace_fd = rt.namespace_id = None
+
+    def _end_tree(self, rt: _PodRuntime) -> None:
+        """SIGKILL every process of the pod and wait for them (bounded): its pid namespace's
+        (however they hid: ``env -i``, ``setsid``, double forks), and whatever carries its
+        marker (the launcher program, and every process where there are no pid namespaces)."""
+        with self._cond:
+            namespace_id = rt.namespace_id
+        found = {p.pid: p for p in procs.tagged(rt.marker, [os.getpid()])}
+        if namespace_id is not None:
+            found.update((p.pid, p) for p in _members(namespace_id))
+        fds = [fd for fd in (procs.Pidfd.open(p.key) for p in found.values()) if fd is not None]
+        try:
+            sent = [fd for fd in fds if fd.send(signal.SIGKILL)]
+            procs.wait_exited(sent, KILL_WAIT)
+        finally:
+            for fd in fds:
+                fd.close()
 
     def _new_object(self, namespace: str, body: Any, kind: str) -> Json:
         if not isinstance(body, dict):
@@ -1266,6 +1521,7 @@ class FakeKubernetes:
         for volume in spec.get("volumes") or []:
             if isinstance(volume.get("secret"), dict):
                 volume["secret"].setdefault("defaultMode", 0o644)
+        _default_tolerations(spec)
         pod["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
         with self._cond:
             bucket = self._bucket("pods", namespace)
@@ -1278,10 +1534,11 @@ class FakeKubernetes:
             self._uids[(namespace, name)] = uid
             self._emit("pods", "ADDED", pod)
             created = copy.deepcopy(pod)  # the answer is the pod as created, before scheduling
-            if self.schedulable:
+            if self.schedulable and self._node_lost_at is None:
                 self._schedule(pod, rt)
             else:
-                _set_condition(pod["status"], "PodScheduled", False, "Unschedulable", UNSCHEDULABLE)
+                why = UNSCHEDULABLE if self._node_lost_at is None else UNREACHABLE
+                _set_condition(pod["status"], "PodScheduled", False, "Unschedulable", why)
                 self._modified("pods", pod)
             return created
 
@@ -1311,24 +1568,38 @@ class FakeKubernetes:
 
     def _delete(self, pod: Json, rt: _PodRuntime, grace: int) -> Json:
         grace = 1 if grace < 0 else grace  # as the API server's pod strategy does
-        if not rt.running or grace == 0 or pod["status"]["phase"] in _TERMINAL:
-            leftover = rt.running
+        terminal = pod["status"]["phase"] in _TERMINAL
+        if grace == 0 or terminal or not (rt.running or (rt.scheduled and rt.node_lost)):
+            # The API forgets the pod at once. Its kubelet, if it can still act, ends the
+            # container on its own time: SIGTERM and its floor grace (or a deadline it already
+            # had): processes outlive the object for a moment, as on a node.
+            running = rt.running and not terminal
             final = self._remove_pod(pod, rt)
-            if leftover:
-                self._spawn(f"fake-kill-{rt.name}", self._kill_all, rt)
+            if running and not rt.node_lost:
+                self._terminate(rt, self.force_grace)
             return final
-        deadline = time.monotonic() + grace
-        if rt.kill_at is None or deadline < rt.kill_at:  # a later deadline never extends it
-            first = rt.kill_at is None
-            rt.kill_at = deadline
+        # Graceful: the API records the deletion and only ever shortens it; the kubelet acts on
+        # the first one it sees and does not shorten its grace for a later one (kubernetes
+        # issues 83916, 113717).
+        now = self._clock()
+        if rt.api_deadline is None or now + grace < rt.api_deadline:
+            rt.api_deadline = now + grace
             meta = pod["metadata"]
             meta["deletionTimestamp"] = _rfc3339(time.time() + grace)
             meta["deletionGracePeriodSeconds"] = grace
             self._modified("pods", pod)
-            if first:
-                self._signal_main(rt, signal.SIGTERM)
-                self._spawn(f"fake-grace-{rt.name}", self._enforce_grace, rt)
+        if not rt.node_lost:
+            self._terminate(rt, grace)
         return copy.deepcopy(pod)
+
+    def _terminate(self, rt: _PodRuntime, grace: int) -> None:
+        """The kubelet's kill of a container: SIGTERM, SIGKILL once ``grace`` is over. Only the
+        first one counts."""
+        if rt.kill_at is not None or rt.exited:
+            return
+        rt.kill_at = self._clock() + grace
+        self._signal_main(rt, signal.SIGTERM)
+        self._spawn(f"fake-grace-{rt.name}", self._enforce_grace, rt)
 
     def _remove_pod(self, pod: Json, rt: _PodRuntime) -> Json:
         # What the kubelet's final zero-grace delete leaves in the last object the API shows.
@@ -1375,7 +1646,7 @@ class FakeKubernetes:
         kubelet's to report (evicted, node lost)."""
         with self._cond:
             pod = self._live(rt)
-            if pod is None or rt.failed or rt.unknown:
+            if pod is None or rt.failed or rt.node_lost:
                 return False
             change(pod["status"])
             self._modified("pods", pod)
@@ -1403,6 +1674,8 @@ class FakeKubernetes:
         proc = self._launch(rt, container, volumes)
         if proc is None:
             return
+        if self.isolation == "pid-namespace":
+            self._find_init(rt, proc)
         returncode = proc.wait()
         self._finish(rt, container, returncode)
 
@@ -1465,10 +1738,13 @@ class FakeKubernetes:
                 return None
             proc: subprocess.Popen[bytes] | None = None
             failure: OSError | None = None
-            if argv:
+            if argv and self.isolation == "pid-namespace" and not _runnable(argv[0], env):
+                failure = FileNotFoundError(argv[0])  # as exec would have said, not unshare
+            elif argv:
+                wrapped = [*_UNSHARE, *argv] if self.isolation == "pid-namespace" else argv
                 try:
                     proc = subprocess.Popen(
-                        argv,
+                        wrapped,
                         env=env,
                         cwd=pod_dir,
                         stdin=subprocess.DEVNULL,
@@ -1499,6 +1775,35 @@ class FakeKubernetes:
             self._report(rt, running)
             return proc
 
+    def _find_init(self, rt: _PodRuntime, proc: subprocess.Popen[bytes]) -> None:
+        """Learn the container's init (``unshare``'s child) and its pid namespace: polled, since
+        the launcher program forks it a moment after it starts (bounded by KILL_WAIT; until it
+        is known, a kill goes to the launcher program, whose death kills the child)."""
+        deadline = time.monotonic() + KILL_WAIT
+        poll = threading.Event()
+        while proc.poll() is None and time.monotonic() < deadline:
+            child = _child_of(proc.pid)
+            info = procs.stat(child) if child is not None else None
+            namespace_id = _namespace_of(child) if child is not None else None
+            if info is not None and namespace_id not in (None, procs.pid_namespace()):
+                pidfd = procs.Pidfd.open(info.key)
+                try:
+                    fd: int | None = os.open(f"/proc/{info.pid}/ns/pid", os.O_RDONLY)
+                except OSError:
+                    fd = None  # gone already: its namespace with it
+                if fd is not None and os.fstat(fd).st_ino != namespace_id:
+                    os.close(fd)
+                    fd = None
+                with self._cond:
+                    if fd is None:
+                        namespace_id = None
+                    rt.init, rt.namespace_id, rt.namespace_fd = pidfd, namespace_id, fd
+                    if rt.term_pending and pidfd is not None:
+                        pidfd.send(signal.SIGTERM)
+                    self._changed()
+                return
+            poll.wait(0.002)
+
     def _start_failed(self, rt: _PodRuntime, container: Json, message: str) -> None:
         cid = "containerd://" + uuid.uuid4().hex + uuid.uuid4().hex
 
@@ -1522,7 +1827,7 @@ class FakeKubernetes:
 
     def _finish(self, rt: _PodRuntime, container: Json, returncode: int) -> None:
         # The container's end takes every process in it, as its cgroup's would.
-        procs.signal_tagged(rt.marker, signal.SIGKILL, wait=KILL_WAIT)
+        self._end_tree(rt)
         exit_code = returncode if returncode >= 0 else 128 - returncode
 
         def terminated(status: Json) -> None:
@@ -1547,33 +1852,26 @@ class FakeKubernetes:
 
         with self._cond:
             rt.exited = True
-            if rt.pidfd is not None:
-                rt.pidfd.close()
-                rt.pidfd = None
+            for fd in (rt.pidfd, rt.init):
+                if fd is not None:
+                    fd.close()
+            rt.pidfd = rt.init = None
+            self._forget_namespace(rt)
             self._report(rt, terminated)
             pod = self._live(rt)
-            if pod is not None and rt.kill_at is not None:
+            if pod is not None and rt.kill_at is not None and not rt.node_lost:
                 self._remove_pod(pod, rt)
             self._changed()
 
     def _enforce_grace(self, rt: _PodRuntime) -> None:
-        """SIGKILL the pod's processes once its deletion's grace period is over (a wait on the
-        Condition: an exit, a shorter grace or close() wakes it)."""
+        """SIGKILL the pod's processes once the kubelet's grace is over (a wait on the Condition:
+        an exit, a clock's advance or close() wakes it)."""
         with self._cond:
-            while True:
-                if rt.exited or self._closed or rt.kill_at is None:
-                    return
-                left = rt.kill_at - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
+            kill_at = rt.kill_at
+            if kill_at is None or not self._wait_until(kill_at, lambda: rt.exited):
+                return
             self._signal_main(rt, signal.SIGKILL)
-        procs.signal_tagged(rt.marker, signal.SIGKILL, wait=KILL_WAIT)
-
-    def _kill_all(self, rt: _PodRuntime) -> None:
-        with self._cond:
-            self._signal_main(rt, signal.SIGKILL)
-        procs.signal_tagged(rt.marker, signal.SIGKILL, wait=KILL_WAIT)
+        self._end_tree(rt)
         with self._cond:
             self._changed()  # wake wait_for() callers watching processes()
 
@@ -1795,14 +2093,11 @@ class FakeKubernetes:
                 watch.queue.append(_event_line("ERROR", _status(410, "Expired", message)))
                 watch.stop = "end"
             elif since is not None:
-                watch.queue.extend(
-                    e.line
-                    for e in self._history
-                    if e.kind == kind
-                    and e.namespace == namespace
-                    and e.rv > since
-                    and filt.matches(e.obj)
-                )
+                for e in self._history:
+                    if e.kind == kind and e.namespace == namespace and e.rv > since:
+                        found = e.line_for(filt)
+                        if found is not None:
+                            watch.queue.append(found)
             else:
                 watch.queue.extend(
                     _event_line("ADDED", o)
