@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from andon.testing import MockModelServer
+from andon.workers import WORKER_REFUSED
 from tests.cli.support import env, script
 
 _REPORT = """
@@ -61,7 +62,7 @@ NOT_IN_A_WORKER = [
 ]
 
 
-def _loaded(tmp_path: Path, *args: str, wanted: list[str] = HEAVY) -> list[str]:
+def _loaded(tmp_path: Path, *args: str, wanted: list[str] = HEAVY, code: int = 0) -> list[str]:
     environ = env(LEAN_WANTED=json.dumps(wanted))
     done = subprocess.run(
         [sys.executable, "-c", _REPORT, json.dumps(list(args))],
@@ -72,7 +73,7 @@ def _loaded(tmp_path: Path, *args: str, wanted: list[str] = HEAVY) -> list[str]:
         timeout=60,
         stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == code, done.stderr
     line = next(x for x in done.stderr.splitlines() if x.startswith("LEAN "))
     loaded: list[str] = json.loads(line[len("LEAN ") :])
     return loaded
@@ -102,7 +103,7 @@ def test_a_run_on_a_model_server_loads_httpx_but_not_its_command_line(tmp_path: 
 
 
 def test_andon_worker_imports_the_worker_side_only(tmp_path: Path) -> None:
-    # Nobody welcomes it: it gives up after its welcome timeout (exit 0), having imported all it
-    # imports to serve.
+    # Nobody welcomes it: it gives up after its welcome timeout (exit 3, WORKER_REFUSED),
+    # having imported all it imports to serve.
     args = ["worker", "--connect", f"ipc://{tmp_path}/nobody.sock", "--welcome-timeout", "0.3"]
-    assert _loaded(tmp_path, *args, wanted=NOT_IN_A_WORKER) == []
+    assert _loaded(tmp_path, *args, wanted=NOT_IN_A_WORKER, code=WORKER_REFUSED) == []

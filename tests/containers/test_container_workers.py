@@ -320,9 +320,9 @@ async def test_an_engine_that_is_not_there_is_one_line(tmp_path: Path, worker_im
     with pytest.raises(AndonError) as caught:
         async with WorkerPool(WorkerPoolConfig(size=1), default(), launcher=launcher):
             pass
-    assert f"cannot reach the container engine at unix://{tmp_path}/no-engine.sock" in str(
-        caught.value
-    )
+    said = str(caught.value)
+    assert f"no container engine answers at unix://{tmp_path}/no-engine.sock" in said, said
+    assert "(no such socket)" in said and len(said.splitlines()) == 1, said
 
 
 async def test_a_start_given_up_while_the_engine_creates_leaves_no_container(

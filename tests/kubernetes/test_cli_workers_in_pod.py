@@ -209,7 +209,7 @@ def test_sigint_during_a_call_in_a_pod_exits_130_and_leaves_nothing(
             '[kubernetes]\nlisten = "tcp://127.0.0.1:0"\ncommand = []\n',
             "[kubernetes]: command must be a string or a list of strings",
         ),
-        ('workers-in = "pod:"\n', "or 'pod:IMAGE'"),
+        ('workers-in = "pod:"\n', "'pod:IMAGE'"),
         # No table: its defaults listen on every address, and nothing says where to dial.
         ('workers-in = "pod:example/tools:1"\n', "advertise is required"),
     ],

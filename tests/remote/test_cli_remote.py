@@ -78,8 +78,7 @@ def _start_andon(
         found = WAITING.search(line)
         if found:
             return proc, found["endpoint"], found["key"]
-    proc.wait()
-    raise AssertionError(f"andon never said how to start a worker (exit {proc.returncode})")
+    raise AssertionError(f"andon never said how to start a worker (exit {_end(proc)})")
 
 
 def _start_worker(

@@ -173,6 +173,9 @@ def launcher_of(
         return None
     if where.startswith("pod:"):
         return pod_launcher(where.partition(":")[2], kubernetes or KubernetesSettings(), cwd)
+    if not where.startswith("container:"):
+        # ssh:HOST and tcp:ADDRESS are andon.cli._remote's (they need the pool's tcp listen).
+        raise ValueError(f"launcher_of does not make the launcher of {where!r}")
     from andon.fleet import ContainerLauncher, Mount
 
     image = where.partition(":")[2]
@@ -199,9 +202,9 @@ def launcher_of(
 def check_workers_in(where: str, containers: ContainerSettings, cwd: str | None) -> None:
     """For ``container:IMAGE``: ask the engine, before anything is made, whether it would start
     the workers (``andon.fleet.check_container_engine``); raise ``ConfigError`` if not."""
-    launcher = launcher_of(where, containers, cwd)
-    if launcher is None:
+    if not where.startswith("container:"):
         return
+    launcher = launcher_of(where, containers, cwd)
     from andon.fleet import ContainerLauncher, check_container_engine
 
     assert isinstance(launcher, ContainerLauncher)
