@@ -100,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("folder", metavar="FOLDER")
     generate.add_argument("--name", default="worker", help="file name stem (default: worker)")
 
+    completion = sub.add_parser(
+        "completion", help="print a shell completion script (bash, zsh or fish)"
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"))
+
     mock = sub.add_parser("mock-model", help="serve a scripted OpenAI-compatible model")
     mock.add_argument("--script", required=True, metavar="FILE", help="YAML or JSON replies")
     mock.add_argument("--port", type=int, default=0, help="port (default: any free port)")
@@ -240,6 +245,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             return run_worker(args)
         case "keys":
             return _keys(args)
+        case "completion":
+            from andon.cli._completion import completion_script
+
+            sys.stdout.write(completion_script(args.shell, _parser()))
+            return EXIT_OK
         case "mock-model":
             from andon.testing import mock_model_main
 
