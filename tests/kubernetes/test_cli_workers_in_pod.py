@@ -247,3 +247,40 @@ def test_a_cluster_that_cannot_be_reached_is_a_clear_error(tmp_path: Path) -> No
     assert result.returncode == 2, result.stderr
     assert "cannot load the Kubernetes configuration" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("held", ["pods", "secrets"])
+def test_sigint_while_a_pod_is_being_created_leaves_nothing(
+    tmp_path: Path, cluster: FakeKubernetes, killer: list[Any], held: str
+) -> None:
+    """SIGINT while the API holds the worker's Pod create (or, right after it, its key Secret's):
+    the start is given up, the create answered afterwards is undone, andon exits 130, and
+    nothing of it is left in the cluster."""
+    (tmp_path / "andon.toml").write_text(_toml(_kubeconfig(tmp_path / "kubeconfig", cluster)))
+    hold = cluster.hold("POST", held)
+    proc = start(
+        "run",
+        "--json",
+        "--grace",
+        "1,1",
+        "--workers",
+        "1",
+        "--workers-in",
+        f"pod:{IMAGE}",
+        "--model",
+        long_script(tmp_path),
+        "go",
+        cwd=tmp_path,
+        environ=env(ANDON_HOME=str(tmp_path / "home")),
+    )
+    killer.append(proc)
+    try:
+        assert hold.arrived.wait(60), "andon never asked for the Pod"
+        os.kill(proc.pid, signal.SIGINT)
+    finally:
+        hold.release()  # the create is answered after the start was given up
+    code, _, err = finish(proc, timeout=60)
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert _pod_names(cluster), "a Pod was asked for (and made once the hold let go)"
+    assert _nothing_left(cluster), (cluster.pods("ci"), cluster.secrets("ci"))
