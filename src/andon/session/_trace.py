@@ -247,7 +247,8 @@ class _Builder:
                 if request is not None:
                     request.attributes["error.type"] = code
                     request.attributes["andon.llm.retry_delay"] = float(data.get("delay", 0.0))
-                self.end_request(key, record.time, f"{code}: {error.get('message')}")
+                message = error.get("message")
+                self.end_request(key, record.time, f"{code}: {message}" if message else code)
             case "assistant/message":
                 key = (int(data["turn"]), int(data["step"]))
                 request = self.requests.get(key)
