@@ -227,6 +227,8 @@ def test_a_collector_that_is_down_changes_nothing(tmp_path: Path) -> None:
     warnings = [line for line in down.stderr.splitlines() if "trace export" in line]
     assert len(warnings) == 1 and warnings[0].startswith("andon: warning: trace export to ")
     assert "Traceback" not in down.stderr
+    # andon trace leaves the timeout to the SDK, which reads it from its variable.
+    environ["OTEL_EXPORTER_OTLP_TIMEOUT"] = "1"
     failed = run("trace", str(tmp_path / "d"), cwd=tmp_path, environ=environ)
     assert failed.returncode == 1
     assert failed.stderr.count("\n") == 1 and "trace export to" in failed.stderr
