@@ -125,6 +125,11 @@ USER_NAMES: dict[str, frozenset[str]] = {
             "read",
             "render_transcript",
             "repair",
+            # the log as OpenTelemetry-shaped spans (andon trace)
+            "trace_of",
+            "Trace",
+            "Span",
+            "SpanEvent",
             # what Agent.events() yields: the records and the live events beside them
             "AgentEvent",
             "LiveEvent",

@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     repair.add_argument("session", metavar="DIR")
     repair.add_argument("--dry-run", action="store_true", help="say what would be appended")
 
+    trace = sub.add_parser("trace", help="send a session's log as an OpenTelemetry trace (OTLP)")
+    trace.add_argument("session", metavar="DIR")
+
     sessions = sub.add_parser("sessions", help="list the sessions under the sessions root")
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
 
@@ -223,6 +226,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _check(_log_source(args.session))
         case "repair":
             return _repair(_session_dir(args.session), dry_run=args.dry_run)
+        case "trace":
+            from andon.cli._traces import trace_command
+
+            return trace_command(_session_dir(args.session))
         case "sessions":
             from andon.cli._sessions import sessions_root
 

@@ -142,7 +142,13 @@ def run_job(job: RunJob) -> int:
     # The loop hands its signals to the recording handler when it closes (HoldingLoop): from
     # here to the process's exit, a signal never acts by its default action.
     with asyncio.Runner(loop_factory=HoldingLoop) as runner:
-        return runner.run(_run(job))
+        code = runner.run(_run(job))
+    # The session's trace, from its closed log, when an OTLP endpoint is set (docs/traces.md):
+    # bounded, and a failure is one warning line; the exit code stays the run's.
+    from andon.cli._traces import export_after_run
+
+    export_after_run(job.session)
+    return code
 
 
 async def _run(job: RunJob) -> int:

@@ -85,6 +85,7 @@ from andon.session._repair import (
     repair,
 )
 from andon.session._tail import ClosingTexts
+from andon.session._trace import Span, SpanEvent, Trace, trace_of
 from andon.session._transcript import render_transcript
 from andon.session._values import (
     AssistantReply,
@@ -158,6 +159,8 @@ __all__ = [
     "SessionResumed",
     "SessionStart",
     "SessionState",
+    "Span",
+    "SpanEvent",
     "Status",
     "StepEnd",
     "StepStart",
@@ -171,6 +174,7 @@ __all__ = [
     "ToolSignal",
     "ToolStarted",
     "TornTail",
+    "Trace",
     "TurnAborted",
     "TurnEnd",
     "TurnEndReason",
@@ -198,4 +202,5 @@ __all__ = [
     "render_transcript",
     "repair",
     "summarize",
+    "trace_of",
 ]
