@@ -372,3 +372,42 @@ def _step_by_uses(prefix: str) -> dict[str, Any]:
 def _action_output(runner: Runner, name: str) -> str:
     """An output of the action: its ``value:`` expression over the steps' outputs."""
     return runner._value(str(_action()["outputs"][name]["value"]))
+
+
+# --- the page -------------------------------------------------------------------------------------
+
+
+def _doc_workflow() -> str:
+    """The yaml block of docs/ci.md (GitHub Actions) that uses the action."""
+    text = (ACTION.parent / "docs" / "ci.md").read_text()
+    section = text.split("\n### GitHub Actions\n", 1)[1].split("\n### ", 1)[0]
+    blocks = [
+        b for b in re.findall(r"^```yaml\n(.*?)^```$", section, re.M | re.S) if "prompt:" in b
+    ]
+    assert len(blocks) == 1, "docs/ci.md, GitHub Actions shows the action once"
+    return str(blocks[0])
+
+
+def test_the_documented_workflow_uses_the_actions_inputs_and_outputs(tmp_path: Path) -> None:
+    text = _doc_workflow()
+    doc = yaml.safe_load(text)
+    steps = [s for job in doc["jobs"].values() for s in job["steps"]]
+    uses = [s for s in steps if "prompt" in s.get("with", {})]
+    assert len(uses) == 1, steps
+    inputs = _action()["inputs"]
+    assert set(uses[0]["with"]) <= set(inputs)
+    assert {n for n, spec in inputs.items() if spec.get("required")} <= set(uses[0]["with"])
+    assert "timeout-minutes" in uses[0]
+    for name in re.findall(r"steps\.\w+\.outputs\.([\w-]+)", text):
+        assert name in _action()["outputs"], name
+    workflow = tmp_path / "workflow.yml"
+    workflow.write_text(text)
+    tool = Path(sys.executable).parent / "check-jsonschema"
+    result = subprocess.run(
+        [str(tool), "--builtin-schema", "vendor.github-workflows", str(workflow)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
