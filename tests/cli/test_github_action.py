@@ -362,6 +362,29 @@ def test_the_outputs_step_says_when_there_is_no_summary(
     assert runner.step_outputs["outputs"]["exit-code"] == ""
 
 
+def test_flags_that_do_not_split_are_a_clear_error(tmp_path: Path, runners: list[Runner]) -> None:
+    runner = _runner(tmp_path, runners, prompt="x", flags="--grace '2,3")
+    assert runner.run("prepare")[0] == 0
+    code, err = runner.run("run")
+    assert code == 2, err
+    assert "::error::the action's flags input cannot be split into words" in err
+    assert "Traceback" not in err
+    assert not Path(runner.step_outputs["prepare"]["session"]).exists()  # andon never started
+
+
+def test_each_use_of_the_action_has_a_session_of_its_own(
+    tmp_path: Path, runners: list[Runner]
+) -> None:
+    runner = _runner(tmp_path, runners, prompt="x")
+    seen = set()
+    for _ in range(2):
+        assert runner.run("prepare")[0] == 0
+        outputs = runner.step_outputs["prepare"]
+        seen.add((outputs["session"], outputs["json"]))
+        assert Path(outputs["session"]).parent.is_dir()  # andon creates only the folder itself
+    assert len(seen) == 2
+
+
 def _step_by_uses(prefix: str) -> dict[str, Any]:
     found = [s for s in _action()["runs"]["steps"] if str(s.get("uses", "")).startswith(prefix)]
     assert len(found) == 1, prefix
