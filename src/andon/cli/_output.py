@@ -191,6 +191,9 @@ class Output:
         self._direct = False  # an in-memory stream: written here, it cannot stall
         self._force = False  # writes that must not be dropped (see _forced)
         self._told_drop = False
+        # A second signal forced the stop: every stage left is sent at once (the grace ladder's
+        # Force), so a stage line must not announce a countdown that will not run.
+        self.forced = False
         self._closed_callbacks: list[Callable[[], None]] = []
         # Lines while the run starts slowly or a tool is silent (docs/ci.md, Liveness in CI
         # logs); None in the terminal view, which has clocks of its own.
@@ -361,6 +364,7 @@ class Output:
         )
 
     def forcing(self, signame: str) -> None:
+        self.forced = True
         n = len(self.tracker.in_flight)
         say(f"{signame} again: killing {plural(n, 'tool process group')} now")
 
@@ -369,7 +373,9 @@ class Output:
         stage = data.stage
         g = self.grace
         waiting = ""
-        if stage == "interrupt":
+        if self.forced and stage in ("interrupt", "term"):
+            waiting = "; SIGKILL at once (forced)"
+        elif stage == "interrupt":
             waiting = f"; SIGTERM in {g.term_after:g} s unless it exits"
         elif stage == "term":
             waiting = f"; SIGKILL in {g.kill_after:g} s unless it exits"

@@ -297,6 +297,7 @@ class TermOutput(Output):
         self.line(f"{self._stop.text}; press Ctrl-C again to kill now", "bold yellow")
 
     def forcing(self, signame: str) -> None:
+        self.forced = True
         n = len(self.tracker.in_flight)
         self._stop = _Stop(f"{signame} again: killing {plural(n, 'tool process group')} now")
         self.line(self._stop.text, "bold red")
@@ -308,7 +309,11 @@ class TermOutput(Output):
         text = f"stopping: {_STAGE_NAMES[stage]} sent to {targets}"
         now = self._clock()
         after = ""
-        if stage == "interrupt":
+        if self.forced and stage in ("interrupt", "term"):
+            # The force sends every stage left at once: no countdown to show.
+            self._stop = _Stop(text)
+            after = ", SIGKILL at once (forced)"
+        elif stage == "interrupt":
             self._stop = _Stop(text, "SIGTERM", now + g.term_after)
             after = f", SIGTERM in {g.term_after:g} s"
         elif stage == "term":
