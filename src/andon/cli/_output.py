@@ -76,6 +76,7 @@ from andon.session import (
 )
 
 __all__ = [
+    "HEAD_TOOLS",
     "JsonOutput",
     "Output",
     "SayHandler",
@@ -84,6 +85,7 @@ __all__ = [
     "Tracker",
     "describe_end",
     "install_log_handler",
+    "result_body",
     "say",
     "summary_text",
 ]
@@ -421,6 +423,7 @@ class TextOutput(Output):
         super().__init__(grace, stream)
         self._mid_line = False  # streamed assistant text without its newline yet
         self._saw_output: set[str] = set()
+        self._tools: dict[str, str] = {}  # call_id -> the tool's name, until its result
         self._pending = ""  # tool output not yet ending in a newline
         try:
             self._tty = self._out.isatty()
@@ -467,6 +470,7 @@ class TextOutput(Output):
                     self.write("\n")
                     self._mid_line = False
             case ToolCall(call_id=call_id, name=name, arguments=arguments):
+                self._tools[call_id] = name
                 self._line(f"▶ {call_id} {name} {show_arguments(arguments)}")
             case ToolResult():
                 self._result(data)
@@ -501,8 +505,9 @@ class TextOutput(Output):
         if self._pending:
             self._line(f"  │ {self._pending}")
             self._pending = ""
+        tool = self._tools.pop(call_id, None)
         if call_id not in self._saw_output:
-            for line in body[-_TAIL_LINES:]:
+            for line in result_body(body, tool, _TAIL_LINES):
                 self._line(f"  │ {line}")
         if not status:
             status = f"[{data.error.code}]" if data.error else "[ok]"
@@ -580,6 +585,22 @@ def stream_texts(
 def model_error(error: Mapping[str, Any]) -> str:
     """``code: message`` of a model error as ``llm/retry`` records it (a JSON object)."""
     return f"{error.get('code')}: {error.get('message')}"
+
+
+HEAD_TOOLS: Final = frozenset({"read_file"})
+"""Tools whose result is shown from its first lines: a file read is read from its top, and its
+last lines alone look as if the model read half the file. A command's output keeps its tail
+(where the error and the summary are)."""
+
+
+def result_body(lines: list[str], tool: str | None, keep: int) -> list[str]:
+    """The lines of a tool result a view shows: the first ``keep`` of a file read, with a note
+    of how many more the model got; the last ``keep`` of anything else."""
+    if tool not in HEAD_TOOLS:
+        return lines[-keep:]
+    if len(lines) <= keep:
+        return lines
+    return [*lines[:keep], f"… {plural(len(lines) - keep, 'more line')}"]
 
 
 def split_status(content: str) -> tuple[list[str], str]:

@@ -39,9 +39,11 @@ from rich.text import Text
 from andon.base import GracePolicy, plural
 from andon.cli._output import (
     _STAGE_NAMES,
+    HEAD_TOOLS,
     Output,
     describe_end,
     model_error,
+    result_body,
     show_arguments,
     split_status,
     stream_texts,
@@ -110,6 +112,7 @@ class _Call:
     call_id: str
     title: str
     started: float
+    tool: str
     tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=_TAIL_DONE)
     )
@@ -224,7 +227,7 @@ class TermOutput(Output):
             case ToolCall(call_id=call_id, name=name, arguments=arguments):
                 self._flush_partial()
                 title = f"{name} {strip_controls(show_arguments(arguments))}"
-                self._calls[call_id] = _Call(call_id, title, now)
+                self._calls[call_id] = _Call(call_id, title, now, name)
                 self.line(f"▶ {call_id} {title}", "cyan")
             case ToolResult():
                 self._result(data)
@@ -266,7 +269,9 @@ class TermOutput(Output):
         call_id = data.call_id
         call = self._calls.pop(call_id, None)
         lines, status = split_status(strip_controls(data.content))
-        if call is not None:
+        if call is not None and call.tool in HEAD_TOOLS:
+            body = result_body(lines, call.tool, _TAIL_DONE)  # a file from its top
+        elif call is not None:
             if call.pending:
                 call.tail.append(call.pending)
             body = list(call.tail) or lines[-_TAIL_DONE:]
