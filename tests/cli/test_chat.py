@@ -225,7 +225,9 @@ def test_plain_cancel_drops_the_queue(tmp_path: Path, children: list[pexpect.spa
     child.expect("queued follow-up: queued one")
     child.sendcontrol("c")
     child.expect(r"turn 1 ended \[stopped\]")
-    quit_chat(child)
+    shown = quit_chat(child)
+    # The screen says what the log says: the follow-up was dropped, not run.
+    assert "dropped 1 queued follow-up (/cancel keep cancels and keeps the queue)" in shown, shown
     session = tmp_path / "s"
     assert user_messages(session) == [(1, "build it")]
     canceled = [
