@@ -476,7 +476,8 @@ def test_log_shows_the_head_and_the_tail_of_a_long_output(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     shown = run("log", str(session), cwd=tmp_path).stdout
     assert "| line-1\n" in shown and "| line-4\n" in shown and "| line-5\n" not in shown
-    assert "| … 30 lines omitted …" in shown  # 41 lines and a status line: 4 + 30 + 8
+    # 41 lines and a status line: 4 + 30 + 8; the log holds the whole output, so it is counted
+    assert "| … 30 lines of the output omitted …" in shown
     assert "| error: the build failed" in shown and "| [exit code 1]" in shown
 
 

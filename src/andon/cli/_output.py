@@ -375,14 +375,15 @@ class Output:
         stage = data.stage
         g = self.grace
         waiting = ""
-        if self.forced and stage in ("interrupt", "term"):
-            waiting = "; SIGKILL at once (forced)"
-        elif stage == "interrupt":
+        if stage == "interrupt":
             waiting = f"; SIGTERM in {g.term_after:g} s unless it exits"
         elif stage == "term":
             waiting = f"; SIGKILL in {g.kill_after:g} s unless it exits"
         elif stage in ("kill", "sweep-kill"):
             waiting = "; waiting for the kernel to reap them"
+        if self.forced and waiting.startswith("; SIG"):
+            # The force sends every stage left at once: no countdown runs.
+            waiting = "; SIGKILL at once (forced)"
         say(
             f"stopping: {_STAGE_NAMES[stage]} sent to "
             f"{plural(data.targets, 'process')} of {data.call_id}{waiting}"

@@ -314,11 +314,7 @@ class TermOutput(Output):
         text = f"stopping: {_STAGE_NAMES[stage]} sent to {targets}"
         now = self._clock()
         after = ""
-        if self.forced and stage in ("interrupt", "term"):
-            # The force sends every stage left at once: no countdown to show.
-            self._stop = _Stop(text)
-            after = ", SIGKILL at once (forced)"
-        elif stage == "interrupt":
+        if stage == "interrupt":
             self._stop = _Stop(text, "SIGTERM", now + g.term_after)
             after = f", SIGTERM in {g.term_after:g} s"
         elif stage == "term":
@@ -326,6 +322,10 @@ class TermOutput(Output):
             after = f", SIGKILL in {g.kill_after:g} s"
         else:
             self._stop = _Stop(text)
+        if self.forced and after:
+            # The force sends every stage left at once: no countdown runs.
+            self._stop = _Stop(text)
+            after = ", SIGKILL at once (forced)"
         self.line(f"{text}{after} ({data.call_id})", "yellow")
 
     # -- the live area --------------------------------------------------------------------------
