@@ -345,3 +345,20 @@ def test_the_context_floor_is_the_system_prompt_the_task_and_the_newest_step() -
     assert _floor({"messages": head, "tools": tools}) == mock_prompt_tokens(
         {"messages": head, "tools": tools}
     )
+
+
+def test_library_warnings_carry_the_andon_prefix() -> None:
+    # A warning of andon's own loggers while bench runs (as the pool logs a lost or killed
+    # worker) is an "andon: ..." line like every other command's, not a bare one.
+    code = (
+        "import logging, sys\n"
+        "from andon.cli._main import main\n"
+        "code = main(['bench', 'interrupt', '--runs', '1', '--scenario', 'shell', "
+        "'--remote', 'off'])\n"
+        "logging.getLogger('andon.pool').warning('worker w9 is lost: probe')\n"
+        "sys.exit(code)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "andon: worker w9 is lost: probe\n" in out.stderr, out.stderr
+    assert not any(line.startswith("worker w9") for line in out.stderr.splitlines())

@@ -225,7 +225,9 @@ def test_plain_cancel_drops_the_queue(tmp_path: Path, children: list[pexpect.spa
     child.expect("queued follow-up: queued one")
     child.sendcontrol("c")
     child.expect(r"turn 1 ended \[stopped\]")
-    quit_chat(child)
+    shown = quit_chat(child)
+    # The screen says what the log says: the follow-up was dropped, not run.
+    assert "dropped 1 queued follow-up (/cancel keep cancels and keeps the queue)" in shown, shown
     session = tmp_path / "s"
     assert user_messages(session) == [(1, "build it")]
     canceled = [
@@ -329,7 +331,11 @@ def test_a_second_ctrl_c_kills_now(tmp_path: Path, children: list[pexpect.spawn[
     child.sendcontrol("c")
     child.expect("Ctrl-C again: killing 1 tool process group now")
     child.expect(r"turn 1 ended \[stopped\]")  # long before the 30 s grace
-    quit_chat(child)
+    shown = quit_chat(child)
+    # The SIGTERM the force sends on its way announces the KILL that goes with it, no countdown.
+    after = shown.split("killing 1 tool process group now", 1)[1]
+    assert "SIGKILL in" not in after, shown
+    assert re.search(r"SIGTERM sent to \d+ process(es)?, SIGKILL at once \(forced\)", after), shown
 
 
 def test_tool_output_control_sequences_are_stripped(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -147,6 +148,42 @@ def test_second_sigint_kills_at_once(tmp_path: Path, killer: list[Any]) -> None:
     assert "SIGINT again: killing" in err
     result = next(r for r in records(session) if r["type"] == "tool/result")
     assert result["data"]["ended_by"] == "kill"
+    assert_balanced(session)
+
+
+def test_a_forced_stop_announces_what_it_does(tmp_path: Path, killer: list[Any]) -> None:
+    # The force sends every stage left at once (docs/workers.md, The grace policy): the SIGTERM
+    # it sends on the way must not announce a KILL countdown that will not run.
+    session = tmp_path / "s"
+    proc = start(
+        "run",
+        "--json",
+        "--grace",
+        "3,10",
+        "--model",
+        long_script(tmp_path, STUBBORN),
+        "--session",
+        str(session),
+        "go",
+        cwd=tmp_path,
+    )
+    killer.append(proc)
+    read_until(proc, is_tool_output)
+    os.kill(proc.pid, signal.SIGINT)
+    read_until(proc, lambda e: e.get("type") == "tool/signal" and e["data"]["stage"] == "interrupt")
+    os.kill(proc.pid, signal.SIGINT)
+    code, _, err = finish(proc)
+    assert code == 130, err
+    after = err.split("SIGINT again: killing 1 tool process group now\n", 1)[1]
+    assert "SIGKILL in" not in after, err
+    assert re.search(
+        r"stopping: SIGTERM sent to \d+ process(es)? of \S+; SIGKILL at once \(forced\)", after
+    ), err
+    stages = {
+        r["data"]["stage"]: r["data"]["at"] for r in records(session) if r["type"] == "tool/signal"
+    }
+    # What the line said is what the log shows: KILL went with TERM, not 10 s after it.
+    assert stages["kill"] - stages["term"] < 10, stages
     assert_balanced(session)
 
 
@@ -439,7 +476,8 @@ def test_log_shows_the_head_and_the_tail_of_a_long_output(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     shown = run("log", str(session), cwd=tmp_path).stdout
     assert "| line-1\n" in shown and "| line-4\n" in shown and "| line-5\n" not in shown
-    assert "| … 30 lines omitted …" in shown  # 41 lines and a status line: 4 + 30 + 8
+    # 41 lines and a status line: 4 + 30 + 8; the log holds the whole output, so it is counted
+    assert "| … 30 lines of the output omitted …" in shown
     assert "| error: the build failed" in shown and "| [exit code 1]" in shown
 
 

@@ -67,11 +67,23 @@ class GracePolicy:
         """Parse ``"TERM,KILL"`` as given to ``--grace`` (``inf`` allowed)."""
         parts = text.split(",")
         if len(parts) != 2:
-            raise ValueError(f"--grace takes TERM,KILL in seconds (got {text!r})")
-        try:
-            term, kill = (float(p) for p in parts)
-        except ValueError:
-            raise ValueError(f"--grace takes TERM,KILL in seconds (got {text!r})") from None
+            raise ValueError(f"--grace takes TERM,KILL in seconds, e.g. 2,3 (got {text!r})")
+        # One plain line per mistake, naming the flag and the rule (never this class's field
+        # names): the CLI prints the message as it is.
+        stages: list[float] = []
+        for label, part in zip(("TERM", "KILL"), parts, strict=True):
+            try:
+                value = float(part)
+            except ValueError:
+                raise ValueError(
+                    f"--grace: {label} must be a number of seconds (got {part.strip()!r})"
+                ) from None
+            if math.isnan(value) or value < 0:
+                raise ValueError(
+                    f"--grace: {label} must be a number of seconds >= 0 (got {part.strip()})"
+                )
+            stages.append(value)
+        term, kill = stages
         return cls(term_after=term, kill_after=kill)
 
     def to_dict(self) -> dict[str, Any]:

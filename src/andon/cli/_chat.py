@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from andon.base import ConfigError, Disposed, User
+from andon.base import ConfigError, Disposed, User, plural
 from andon.cli._settings import Settings, add_agent_options, resolve
 
 # Every andon command builds the parser and so loads this module, for ``register``: the
@@ -118,6 +118,15 @@ class _Chat:
             case Record(data=InboxSpliced(target=target, inserted=inserted) as splice):
                 n = self.queue[target] + len(inserted)
                 self.queue[target] = max(0, n - splice.removed)
+                if splice.outcome == "canceled" and splice.removed:
+                    # A cancel drops the queue (the log says so): say it on screen too, or the
+                    # follow-ups typed during the turn vanish without a word.
+                    what = "queued follow-up" if target == "next-turn" else "queued step message"
+                    self.out.line(
+                        f"dropped {plural(splice.removed, what)} "
+                        "(/cancel keep cancels and keeps the queue)",
+                        "yellow",
+                    )
             case Record(data=TurnEnd()):
                 self.stops = 0
             case _:

@@ -76,6 +76,7 @@ from andon.session import (
 )
 
 __all__ = [
+    "HEAD_TOOLS",
     "JsonOutput",
     "Output",
     "SayHandler",
@@ -84,6 +85,7 @@ __all__ = [
     "Tracker",
     "describe_end",
     "install_log_handler",
+    "result_body",
     "say",
     "summary_text",
 ]
@@ -191,6 +193,9 @@ class Output:
         self._direct = False  # an in-memory stream: written here, it cannot stall
         self._force = False  # writes that must not be dropped (see _forced)
         self._told_drop = False
+        # A second signal forced the stop: every stage left is sent at once (the grace ladder's
+        # Force), so a stage line must not announce a countdown that will not run.
+        self.forced = False
         self._closed_callbacks: list[Callable[[], None]] = []
         # Lines while the run starts slowly or a tool is silent (docs/ci.md, Liveness in CI
         # logs); None in the terminal view, which has clocks of its own.
@@ -361,6 +366,7 @@ class Output:
         )
 
     def forcing(self, signame: str) -> None:
+        self.forced = True
         n = len(self.tracker.in_flight)
         say(f"{signame} again: killing {plural(n, 'tool process group')} now")
 
@@ -375,6 +381,9 @@ class Output:
             waiting = f"; SIGKILL in {g.kill_after:g} s unless it exits"
         elif stage in ("kill", "sweep-kill"):
             waiting = "; waiting for the kernel to reap them"
+        if self.forced and waiting.startswith("; SIG"):
+            # The force sends every stage left at once: no countdown runs.
+            waiting = "; SIGKILL at once (forced)"
         say(
             f"stopping: {_STAGE_NAMES[stage]} sent to "
             f"{plural(data.targets, 'process')} of {data.call_id}{waiting}"
@@ -415,6 +424,7 @@ class TextOutput(Output):
         super().__init__(grace, stream)
         self._mid_line = False  # streamed assistant text without its newline yet
         self._saw_output: set[str] = set()
+        self._tools: dict[str, str] = {}  # call_id -> the tool's name, until its result
         self._pending = ""  # tool output not yet ending in a newline
         try:
             self._tty = self._out.isatty()
@@ -461,6 +471,7 @@ class TextOutput(Output):
                     self.write("\n")
                     self._mid_line = False
             case ToolCall(call_id=call_id, name=name, arguments=arguments):
+                self._tools[call_id] = name
                 self._line(f"▶ {call_id} {name} {show_arguments(arguments)}")
             case ToolResult():
                 self._result(data)
@@ -495,8 +506,9 @@ class TextOutput(Output):
         if self._pending:
             self._line(f"  │ {self._pending}")
             self._pending = ""
+        tool = self._tools.pop(call_id, None)
         if call_id not in self._saw_output:
-            for line in body[-_TAIL_LINES:]:
+            for line in result_body(body, tool, _TAIL_LINES):
                 self._line(f"  │ {line}")
         if not status:
             status = f"[{data.error.code}]" if data.error else "[ok]"
@@ -574,6 +586,22 @@ def stream_texts(
 def model_error(error: Mapping[str, Any]) -> str:
     """``code: message`` of a model error as ``llm/retry`` records it (a JSON object)."""
     return f"{error.get('code')}: {error.get('message')}"
+
+
+HEAD_TOOLS: Final = frozenset({"read_file"})
+"""Tools whose result is shown from its first lines: a file read is read from its top, and its
+last lines alone look as if the model read half the file. A command's output keeps its tail
+(where the error and the summary are)."""
+
+
+def result_body(lines: list[str], tool: str | None, keep: int) -> list[str]:
+    """The lines of a tool result a view shows: the first ``keep`` of a file read, with a note
+    of how many more the model got; the last ``keep`` of anything else."""
+    if tool not in HEAD_TOOLS:
+        return lines[-keep:]
+    if len(lines) <= keep:
+        return lines
+    return [*lines[:keep], f"… {plural(len(lines) - keep, 'more line')}"]
 
 
 def split_status(content: str) -> tuple[list[str], str]:

@@ -144,15 +144,17 @@ def _workers(text: str) -> int:
 
 
 def _grace(text: str) -> GracePolicy:
+    # GracePolicy.parse words its own errors for the user ("--grace: TERM must be ..."); the
+    # caller adds where a variable or andon.toml gave the text.
     try:
         policy = GracePolicy.parse(text)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"grace: {e}") from None
-    for stage in (policy.term_after, policy.kill_after):
+        raise ConfigError(str(e)) from None
+    for label, stage in (("TERM", policy.term_after), ("KILL", policy.kill_after)):
         if not math.isfinite(stage) or not 0 <= stage <= MAX_GRACE:
             raise ConfigError(
-                f"grace: each of TERM,KILL must be a number of seconds from 0 to "
-                f"{MAX_GRACE:g} (got {text!r})"
+                f"--grace: {label} must be a number of seconds from 0 to {MAX_GRACE:g} "
+                f"(got {text.split(',')[0 if label == 'TERM' else 1].strip()})"
             )
     return policy
 

@@ -39,9 +39,11 @@ from rich.text import Text
 from andon.base import GracePolicy, plural
 from andon.cli._output import (
     _STAGE_NAMES,
+    HEAD_TOOLS,
     Output,
     describe_end,
     model_error,
+    result_body,
     show_arguments,
     split_status,
     stream_texts,
@@ -110,6 +112,7 @@ class _Call:
     call_id: str
     title: str
     started: float
+    tool: str
     tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=_TAIL_DONE)
     )
@@ -224,7 +227,7 @@ class TermOutput(Output):
             case ToolCall(call_id=call_id, name=name, arguments=arguments):
                 self._flush_partial()
                 title = f"{name} {strip_controls(show_arguments(arguments))}"
-                self._calls[call_id] = _Call(call_id, title, now)
+                self._calls[call_id] = _Call(call_id, title, now, name)
                 self.line(f"▶ {call_id} {title}", "cyan")
             case ToolResult():
                 self._result(data)
@@ -266,7 +269,9 @@ class TermOutput(Output):
         call_id = data.call_id
         call = self._calls.pop(call_id, None)
         lines, status = split_status(strip_controls(data.content))
-        if call is not None:
+        if call is not None and call.tool in HEAD_TOOLS:
+            body = result_body(lines, call.tool, _TAIL_DONE)  # a file from its top
+        elif call is not None:
             if call.pending:
                 call.tail.append(call.pending)
             body = list(call.tail) or lines[-_TAIL_DONE:]
@@ -297,6 +302,7 @@ class TermOutput(Output):
         self.line(f"{self._stop.text}; press Ctrl-C again to kill now", "bold yellow")
 
     def forcing(self, signame: str) -> None:
+        self.forced = True
         n = len(self.tracker.in_flight)
         self._stop = _Stop(f"{signame} again: killing {plural(n, 'tool process group')} now")
         self.line(self._stop.text, "bold red")
@@ -316,6 +322,10 @@ class TermOutput(Output):
             after = f", SIGKILL in {g.kill_after:g} s"
         else:
             self._stop = _Stop(text)
+        if self.forced and after:
+            # The force sends every stage left at once: no countdown runs.
+            self._stop = _Stop(text)
+            after = ", SIGKILL at once (forced)"
         self.line(f"{text}{after} ({data.call_id})", "yellow")
 
     # -- the live area --------------------------------------------------------------------------

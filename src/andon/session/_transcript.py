@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import time as _time
 from collections.abc import Iterable, Mapping
@@ -65,6 +66,37 @@ def _indent(text: str, prefix: str) -> list[str]:
     return [prefix + line for line in (text.splitlines() or [""])]
 
 
+ARGUMENTS_LIMIT = 120
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.0f} KiB" if n >= 1024 else plural(n, "byte")
+
+
+def _arguments(name: str, raw: str) -> str:
+    """A tool call's arguments as a person reads them: a command as the command (its first line,
+    then ``…``), anything else as ``key=value`` pairs (a value as JSON unless it is a plain
+    word), cut at :data:`ARGUMENTS_LIMIT` characters."""
+    try:
+        args = json.loads(raw)
+    except ValueError:
+        args = None
+    if not isinstance(args, dict):
+        text = " ".join(raw.split())
+    elif isinstance(args.get("command"), str) and (name == "bash" or len(args) == 1):
+        lines = args["command"].strip().splitlines() or [""]
+        text = "$ " + lines[0] + (" …" if len(lines) > 1 else "")
+    else:
+        text = " ".join(f"{key}={_value(value)}" for key, value in args.items())
+    return text if len(text) <= ARGUMENTS_LIMIT else text[: ARGUMENTS_LIMIT - 1] + "…"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, str) and value and not any(c.isspace() or c in "\"'=" for c in value):
+        return value
+    return " ".join(json.dumps(value, ensure_ascii=False).split())
+
+
 def _quote(text: str, limit: int = 80) -> str:
     one = " ".join(text.split())
     return repr(one if len(one) <= limit else one[: limit - 1] + "…")
@@ -78,6 +110,12 @@ class _Render:
         self.open_step: tuple[int, int] | None = None
         self.chunks = 0
         self.replied = False
+        # Lines true only while the session runs: a call's "running: pid …" (until its result)
+        # and a queued message (until it is entered or the session is between turns). A finished
+        # session's transcript leaves them out (their indices into ``lines``).
+        self.running: dict[str, int] = {}
+        self.queued: list[tuple[int, str]] = []
+        self.dropped: set[int] = set()
 
     def add(self, line: str) -> None:
         self.lines.append(line)
@@ -143,6 +181,7 @@ class _Render:
                     )
                 self.open_step = None
             case UserMessageEntered(message=message):
+                self._entered(message.content)
                 label = "user" if message.source == "user" else f"user ({message.source})"
                 self.lines.extend(_indent(message.content, f"    {label}: "))
             case LlmRequest(attempt=attempt, model=model):
@@ -159,8 +198,9 @@ class _Render:
             case AssistantMessage():
                 self._reply(data)
             case ToolCall(call_id=call_id, name=name, arguments=arguments):
-                self.add(f"    tool {call_id} {name} {arguments}")
-            case ToolStarted(pid=pid, worker=worker, host=host):
+                self.add(f"    tool {call_id} {name} {_arguments(name, arguments)}")
+            case ToolStarted(call_id=call_id, pid=pid, worker=worker, host=host):
+                self.running[call_id] = len(self.lines)
                 self.add(f"      running: pid {pid} on {host} (worker {worker})")
             case ToolSignal(stage=stage, at=at, targets=targets):
                 signame = _STAGE_SIGNAL.get(stage, stage)
@@ -197,11 +237,20 @@ class _Render:
             return
         if data.inserted and not data.removed:
             for message in data.inserted:
+                self.queued.append((len(self.lines), message.content))
                 self.add(f"  queued ({data.target}, {message.source}): {_quote(message.content)}")
         elif data.removed and not data.inserted and self.open_turn is None:
             self.add(f"  {plural(data.removed, 'queued message')} removed from {data.target}")
         elif data.removed and data.inserted:
             self.add(f"  {plural(data.removed, 'queued message')} replaced in {data.target}")
+
+    def _entered(self, content: str) -> None:
+        """A queued message that is now entered is no longer queued: its line goes."""
+        for n, (index, queued) in enumerate(self.queued):
+            if queued == content:
+                self.dropped.add(index)
+                del self.queued[n]
+                return
 
     def _reply(self, data: AssistantMessage) -> None:
         self.replied = True
@@ -220,6 +269,9 @@ class _Render:
             self.add(f"    (the reply hit the output limit{note})")
 
     def _result(self, data: ToolResult, repair: str) -> None:
+        running = self.running.pop(data.call_id, None)
+        if running is not None:
+            self.dropped.add(running)  # the call is over: where it ran is past
         parts: list[str] = []
         if data.exit is not None:
             if data.exit.signal is not None:
@@ -244,7 +296,16 @@ class _Render:
         shown = out
         if len(out) > OUTPUT_HEAD + OUTPUT_TAIL + 1:  # eliding a single line would save nothing
             omitted = len(out) - OUTPUT_HEAD - OUTPUT_TAIL
-            marker = f"… {plural(omitted, 'line')} omitted …"
+            kept = len(data.content.encode("utf-8", "surrogateescape"))
+            whole = data.output_bytes
+            if whole is not None and whole > kept:
+                # The log holds the model's copy of a longer output: say which one is counted.
+                marker = (
+                    f"… {plural(omitted, 'line')} of the log's {_kib(kept)} copy omitted (the "
+                    f"tool printed {_kib(whole)}) …"
+                )
+            else:
+                marker = f"… {plural(omitted, 'line')} of the output omitted …"
             shown = [*out[:OUTPUT_HEAD], marker, *out[-OUTPUT_TAIL:]]
         for text in shown:
             self.add(f"      | {text}")
@@ -258,7 +319,9 @@ class _Render:
                 f"  turn {self.open_turn} is still open: the session is running, or its process "
                 "died and the next load repairs it"
             )
-        return "\n".join(self.lines) + "\n"
+        else:
+            self.dropped.update(index for index, _ in self.queued)
+        return "".join(line + "\n" for n, line in enumerate(self.lines) if n not in self.dropped)
 
 
 def render_transcript(events: Iterable[AgentEvent | Mapping[str, Any]]) -> str:

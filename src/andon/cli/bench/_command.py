@@ -126,8 +126,13 @@ def _is_terminal(stream: Any) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``andon bench`` as parsed by the parser ``register`` built; returns the exit code."""
+    from andon.cli._output import install_log_handler
+
     from ._interrupt import SCENARIOS
 
+    # The library's warnings (a worker lost or killed, a refused handshake ...) come out as every
+    # other command's do, "andon: ..." lines, not bare through Python's last-resort handler.
+    install_log_handler()
     try:
         grace = GracePolicy.parse(args.grace)
     except ValueError as e:
