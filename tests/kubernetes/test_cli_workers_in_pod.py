@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -283,4 +284,11 @@ def test_sigint_while_a_pod_is_being_created_leaves_nothing(
     assert code == 130, err
     assert "Traceback" not in err
     assert _pod_names(cluster), "a Pod was asked for (and made once the hold let go)"
+    assert not cluster.pods("ci") and not cluster.secrets("ci")
+    # A Pod created after the start was given up is deleted at once, but a kubelet kills its
+    # processes only at the end of its own grace floor (2 s), which andon cannot shorten: they
+    # are gone within that floor, not necessarily at andon's exit.
+    deadline = time.monotonic() + cluster.force_grace + 10.0
+    while not _nothing_left(cluster) and time.monotonic() < deadline:
+        time.sleep(0.1)  # sleep-ok: bounded wait for the kubelet's kill, an external process
     assert _nothing_left(cluster), (cluster.pods("ci"), cluster.secrets("ci"))
