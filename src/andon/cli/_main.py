@@ -134,11 +134,30 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     add_agent_options(p, job=True)
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line. ``andon resume DIR --model X "PROMPT"``: argparse takes the positionals
+    that stand together at once, so a prompt after the options would be "unrecognized"; it is
+    taken as the prompt here, as it is after ``andon run``'s options."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if (
+        args.command == "resume"
+        and args.prompt is None
+        and len(extra) == 1
+        and not extra[0].startswith("-")
+    ):
+        args.prompt = extra[0]
+        extra = []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``andon`` command. Its entry point (``andon.cli``) handles signals from before this
     module is imported, turns a signal that arrives before anything started into its exit code,
     and leaves the process."""
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return _dispatch(args)
     except BaseExceptionGroup as group:
