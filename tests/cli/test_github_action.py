@@ -200,9 +200,9 @@ def _wait_for_tool_output(path: Path, proc: subprocess.Popen[str]) -> None:
         if any(e.get("type") == "tool/output" for e in _json_lines(path)):
             return
         assert proc.poll() is None, f"the step ended first: {proc.communicate()}"
-        # sleep-ok: andon appends to a plain file (the step's redirect); there is no event to
-        # wait on, so the file is polled, with a bound.
-        time.sleep(0.1)
+        # andon appends to a plain file (the step's redirect); there is no event to wait on,
+        # so the file is polled, with a bound.
+        time.sleep(0.1)  # sleep-ok: polls a plain file, bounded
     raise AssertionError(f"no tool/output within {TOOL_BOUND} s: {_json_lines(path)[-3:]}")
 
 
