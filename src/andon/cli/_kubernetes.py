@@ -42,8 +42,6 @@ __all__ = ["KUBERNETES", "KubernetesSettings", "parse_kubernetes", "pod_launcher
 KUBERNETES: Final = "kubernetes"
 """The ``andon.toml`` table of the cluster's and the worker Pods' settings."""
 
-_EVERY_ADDRESS: Final = frozenset({"0.0.0.0", "::", "*"})
-
 
 @dataclass(frozen=True)
 class KubernetesSettings:
@@ -129,8 +127,10 @@ def parse_kubernetes(table: object, path: Path) -> KubernetesSettings:
 
 
 def _check_advertised(settings: KubernetesSettings, where: str) -> None:
+    from andon.protocol import is_every_address
+
     host = urlsplit(settings.listen).hostname or ""
-    if host in _EVERY_ADDRESS and settings.advertise is None:
+    if is_every_address(host) and settings.advertise is None:
         raise ConfigError(
             f"{where}: advertise is required when listen is on every address "
             f"({settings.listen}): the address the Pods dial, such as this Pod's IP"

@@ -146,7 +146,7 @@ def _path(settings: RemoteSettings, value: str) -> Path:
 def remote_listen(where: str, settings: RemoteSettings) -> TcpListen | None:
     """Where the pool listens for ``ssh:``/``tcp:`` workers (None for other kinds)."""
     from andon.fleet import TcpListen
-    from andon.protocol import load_keys, load_public_keys
+    from andon.protocol import is_every_address, load_keys, load_public_keys
 
     kind, _, rest = where.partition(":")
     if kind == "tcp":
@@ -164,7 +164,7 @@ def remote_listen(where: str, settings: RemoteSettings) -> TcpListen | None:
     if kind == "ssh":
         listen = settings.listen or "tcp://0.0.0.0:0"
         host = urlsplit(listen).hostname or ""
-        if settings.advertise is None and host in ("0.0.0.0", "::", "*"):
+        if settings.advertise is None and is_every_address(host):
             raise ConfigError(
                 f"workers-in ssh:{rest}: the worker there dials back; give [remote] advertise = "
                 f"'tcp://ADDRESS' (an address of this machine that {rest} can reach), or listen "

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from andon.base import WorkerError
 from andon.fleet._launch import LaunchedWorker, WorkerLauncher, WorkerSpec
-from andon.protocol import Hello, key_to_hex
+from andon.protocol import Hello, is_every_address, key_to_hex
 
 __all__ = ["AdoptLauncher", "AdoptedWorker", "Arrival"]
 
@@ -132,7 +132,7 @@ def how_to_start(spec: WorkerSpec) -> str:
     wildcard address stands for whichever of this host's addresses that host reaches)."""
     endpoint = spec.endpoint
     parts = urlsplit(endpoint)
-    if parts.hostname in ("0.0.0.0", "::"):
+    if is_every_address(parts.hostname or ""):
         endpoint = f"tcp://THIS-HOST:{parts.port}"
     key = f" --server-key={key_to_hex(spec.server_key)}" if spec.server_key else " --insecure"
     return (

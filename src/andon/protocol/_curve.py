@@ -479,6 +479,12 @@ def _printable(raw: bytes) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
+def is_every_address(host: str) -> bool:
+    """Whether ``host`` (of a tcp endpoint) binds every address of this machine (``0.0.0.0``,
+    ``::`` or zmq's ``*``): nobody can dial it as it is written."""
+    return host in ("0.0.0.0", "::", "*")
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a name or an address of a tcp endpoint) is this machine's loopback: the
     only place plain tcp without CURVE (``--insecure``) is allowed."""
