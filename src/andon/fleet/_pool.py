@@ -82,10 +82,10 @@ from andon.protocol import (
     Welcome,
     ZapAllowList,
     curve_server,
-    encode,
     is_loopback,
     recv_routed,
     send_routed,
+    send_routed_sync,
 )
 from andon.workers import ToolRegistry
 
@@ -1358,7 +1358,7 @@ def _send_now(sock: zmq.asyncio.Socket, identity: bytes, msg: Message) -> None:
     blocking shadow of the socket, in this thread, so a peer that cannot take it raises here
     instead of in a future nobody reads."""
     raw: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying)
-    raw.send_multipart([identity, *encode(msg)], flags=zmq.NOBLOCK)
+    send_routed_sync(raw, identity, msg, flags=zmq.NOBLOCK)
 
 
 def _retried(error: Exception) -> bool:

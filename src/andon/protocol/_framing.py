@@ -121,9 +121,10 @@ def send_routed_sync(
     msg: Message | list[bytes],
     *,
     max_bytes: int | None = None,
+    flags: int = 0,
 ) -> None:
-    """Blocking :func:`send_routed`."""
-    sock.send_multipart([identity, *_frames_of(msg, max_bytes)])
+    """Blocking :func:`send_routed` (``flags=zmq.NOBLOCK``: at once, or raise ``zmq.Again``)."""
+    sock.send_multipart([identity, *_frames_of(msg, max_bytes)], flags=flags)
 
 
 def recv_routed_sync(
